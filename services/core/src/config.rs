@@ -1,0 +1,139 @@
+//! The typed configuration shared by every role: built-in defaults, overridden by `TXFLOW_*`
+//! environment variables (and by command-line flags in the binary). Loaded once in `main` and
+//! passed down; there is no global configuration.
+
+use std::env;
+
+use crate::kafka::{KafkaSettings, Topics};
+use crate::retry::{Classify, Retry};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `TXFLOW_DATABASE_URL`
+    pub database_url: String,
+    /// `TXFLOW_BROKERS`
+    pub kafka: KafkaSettings,
+    /// `TXFLOW_SCHEMA_REGISTRY_URL`
+    pub schema_registry_url: String,
+    /// `TXFLOW_TOPIC_PREFIX`
+    pub topics: Topics,
+    /// `TXFLOW_PARTITIONS`: partitions per topic when txflow creates them.
+    pub partitions: i32,
+    /// `TXFLOW_RPC_URLS`: comma-separated JSON-RPC endpoints of the chain.
+    pub rpc_urls: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{var}={value:?} is not valid: {why}")]
+    Invalid {
+        var: &'static str,
+        value: String,
+        why: &'static str,
+    },
+}
+
+impl Classify for ConfigError {
+    fn retry(&self) -> Retry {
+        Retry::Permanent
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            database_url: "postgres://postgres@127.0.0.1:5432/txflow".into(),
+            kafka: KafkaSettings::new("127.0.0.1:19092"),
+            schema_registry_url: "http://127.0.0.1:18081".into(),
+            topics: Topics::new("txflow"),
+            partitions: 16,
+            rpc_urls: vec!["http://127.0.0.1:8545".into()],
+        }
+    }
+}
+
+impl Config {
+    /// Defaults overridden by the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| env::var(k).ok())
+    }
+
+    /// Defaults overridden by `lookup` (the environment, or a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut c = Config::default();
+        if let Some(v) = lookup("TXFLOW_DATABASE_URL") {
+            c.database_url = v;
+        }
+        if let Some(v) = lookup("TXFLOW_BROKERS") {
+            c.kafka.brokers = v;
+        }
+        if let Some(v) = lookup("TXFLOW_FETCH_WAIT_MAX_MS") {
+            c.kafka.fetch_wait_max_ms = v.parse().map_err(|_| ConfigError::Invalid {
+                var: "TXFLOW_FETCH_WAIT_MAX_MS",
+                value: v.clone(),
+                why: "expected milliseconds as a whole number",
+            })?;
+        }
+        if let Some(v) = lookup("TXFLOW_SCHEMA_REGISTRY_URL") {
+            c.schema_registry_url = v;
+        }
+        if let Some(v) = lookup("TXFLOW_TOPIC_PREFIX") {
+            if v.is_empty()
+                || v.contains(|ch: char| !(ch.is_ascii_alphanumeric() || "._-".contains(ch)))
+            {
+                return Err(ConfigError::Invalid {
+                    var: "TXFLOW_TOPIC_PREFIX",
+                    value: v,
+                    why: "use letters, digits, '.', '_' or '-'",
+                });
+            }
+            c.topics = Topics::new(v);
+        }
+        if let Some(v) = lookup("TXFLOW_PARTITIONS") {
+            c.partitions = match v.parse::<i32>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_PARTITIONS",
+                        value: v,
+                        why: "expected a positive whole number",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_RPC_URLS") {
+            c.rpc_urls = v
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_overrides_defaults() {
+        let c = Config::from_lookup(|k| match k {
+            "TXFLOW_BROKERS" => Some("b:1".into()),
+            "TXFLOW_PARTITIONS" => Some("4".into()),
+            "TXFLOW_TOPIC_PREFIX" => Some("t1".into()),
+            _ => None,
+        })
+        .expect("valid");
+        assert_eq!(c.kafka.brokers, "b:1");
+        assert_eq!(c.partitions, 4);
+        assert_eq!(c.topics.tx_requests(), "t1.tx.requests");
+    }
+
+    #[test]
+    fn invalid_values_are_refused_with_the_variable_named() {
+        let err = Config::from_lookup(|k| (k == "TXFLOW_PARTITIONS").then(|| "-3".into()))
+            .expect_err("negative partitions");
+        assert!(err.to_string().contains("TXFLOW_PARTITIONS"));
+    }
+}

@@ -1,0 +1,297 @@
+//! Events and commands of the transaction pipeline (ARCHITECTURE.md §2).
+//!
+//! The schemas in `schemas/*.avsc` are the contract; the Rust types here mirror them field for
+//! field and are checked against them by the golden round-trip tests. Avro mappings:
+//!
+//! | domain value | Avro type | form |
+//! |---|---|---|
+//! | address | `string` | `0x` + 40 hex digits, lowercase once validated (TxRequest accepts any case) |
+//! | hash (tx, block) | `string` | `0x` + 64 lowercase hex digits |
+//! | U256 (wei amounts, fees) | `string` | decimal digits, no sign, no leading zeros |
+//! | nonce, chain id, gas, block number | `long` | |
+//! | ids (`event_id`, `tx_id`) | `string` | UUID, hyphenated lowercase |
+//! | calldata, raw transaction | `bytes` | |
+//! | timestamps | `long` | Unix milliseconds (`*_ms` fields) |
+//!
+//! Kafka keys are not Avro: they are the UTF-8 string `{chain_id}:{signer}` (see
+//! [`crate::kafka::signer_key`]).
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use apache_avro::Schema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// A type that travels on a topic as Avro.
+pub trait Event:
+    Serialize + DeserializeOwned + Clone + std::fmt::Debug + PartialEq + Send + Sync
+{
+    /// The record's full name, e.g. `io.txflow.tx.TxRequest`.
+    const FULL_NAME: &'static str;
+    /// The schema exactly as written in `schemas/` (registered as is, so defaults and docs survive).
+    const SCHEMA_JSON: &'static str;
+    /// The schema file name under `schemas/`.
+    const SCHEMA_FILE: &'static str;
+    /// The schema, parsed once.
+    fn schema() -> &'static Schema;
+    /// The `event_id` every message carries.
+    fn event_id(&self) -> &str;
+}
+
+macro_rules! event {
+    ($ty:ident, $file:literal) => {
+        impl Event for $ty {
+            const FULL_NAME: &'static str = concat!("io.txflow.tx.", stringify!($ty));
+            const SCHEMA_JSON: &'static str = include_str!(concat!("../../../schemas/", $file));
+            const SCHEMA_FILE: &'static str = $file;
+            fn schema() -> &'static Schema {
+                static SCHEMA: OnceLock<Schema> = OnceLock::new();
+                SCHEMA.get_or_init(|| {
+                    // The schema text is compiled in and checked by the unit tests below, so a
+                    // parse failure here is a build defect, not a run-time condition.
+                    Schema::parse_str(Self::SCHEMA_JSON)
+                        .unwrap_or_else(|e| panic!("schemas/{} does not parse: {e}", $file))
+                })
+            }
+            fn event_id(&self) -> &str {
+                &self.event_id
+            }
+        }
+    };
+}
+
+/// Upstream contract: a request to send one transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxRequest {
+    pub event_id: String,
+    pub request_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub to: String,
+    pub value: String,
+    #[serde(with = "apache_avro::serde::bytes")]
+    pub data: Vec<u8>,
+    pub gas_limit: Option<i64>,
+    pub max_fee_per_gas: Option<String>,
+    pub max_priority_fee_per_gas: Option<String>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+event!(TxRequest, "tx_request.avsc");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxAccepted {
+    pub event_id: String,
+    pub tx_id: String,
+    pub request_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub fencing_token: i64,
+    pub accepted_at_ms: i64,
+}
+event!(TxAccepted, "tx_accepted.avsc");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxAllocated {
+    pub event_id: String,
+    pub tx_id: String,
+    pub request_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub nonce: i64,
+    pub to: String,
+    pub value: String,
+    #[serde(with = "apache_avro::serde::bytes")]
+    pub data: Vec<u8>,
+    pub gas_limit: i64,
+    pub max_fee_per_gas: String,
+    pub max_priority_fee_per_gas: String,
+    pub fencing_token: i64,
+}
+event!(TxAllocated, "tx_allocated.avsc");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxSigned {
+    pub event_id: String,
+    pub tx_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub nonce: i64,
+    pub attempt: i32,
+    pub tx_hash: String,
+    #[serde(with = "apache_avro::serde::bytes")]
+    pub raw_tx: Vec<u8>,
+    pub max_fee_per_gas: String,
+    pub max_priority_fee_per_gas: String,
+    pub fencing_token: i64,
+}
+event!(TxSigned, "tx_signed.avsc");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SubmitOutcome {
+    Accepted,
+    PossiblySent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxSubmitted {
+    pub event_id: String,
+    pub tx_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub nonce: i64,
+    pub attempt: i32,
+    pub tx_hash: String,
+    pub outcome: SubmitOutcome,
+    pub submitted_at_ms: i64,
+    pub fencing_token: i64,
+}
+event!(TxSubmitted, "tx_submitted.avsc");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ReceiptStatus {
+    Mined,
+    Reverted,
+    Replaced,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxReceiptUpdated {
+    pub event_id: String,
+    pub tx_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub nonce: i64,
+    pub status: ReceiptStatus,
+    pub tx_hash: Option<String>,
+    pub block_number: Option<i64>,
+    pub block_hash: Option<String>,
+    pub gas_used: Option<i64>,
+    pub effective_gas_price: Option<String>,
+    pub fencing_token: i64,
+}
+event!(TxReceiptUpdated, "tx_receipt_updated.avsc");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockRef {
+    pub number: i64,
+    pub hash: String,
+    pub parent_hash: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxConfirmationsUpdated {
+    pub event_id: String,
+    pub tx_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub nonce: i64,
+    pub tx_hash: String,
+    pub new_fork: bool,
+    pub confirmations: Vec<BlockRef>,
+    pub required_confirmations: i32,
+    pub fencing_token: i64,
+}
+event!(TxConfirmationsUpdated, "tx_confirmations_updated.avsc");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxConfirmed {
+    pub event_id: String,
+    pub tx_id: String,
+    pub request_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub nonce: i64,
+    pub tx_hash: String,
+    pub block_number: i64,
+    pub block_hash: String,
+    pub success: bool,
+    pub confirmations: i32,
+    pub fencing_token: i64,
+}
+event!(TxConfirmed, "tx_confirmed.avsc");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxFailed {
+    pub event_id: String,
+    pub tx_id: String,
+    pub request_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub code: String,
+    pub reason: String,
+    pub nonce: Option<i64>,
+    #[serde(default)]
+    pub nonce_released: bool,
+    pub fencing_token: i64,
+}
+event!(TxFailed, "tx_failed.avsc");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TxCommandKind {
+    Approve,
+    Cancel,
+    Bump,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxCommand {
+    pub event_id: String,
+    pub tx_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub command: TxCommandKind,
+    pub requested_by: String,
+    pub reason: Option<String>,
+}
+event!(TxCommand, "tx_command.avsc");
+
+/// The schema files of the pipeline, for tools that register or list them.
+pub const ALL_SCHEMAS: [(&str, &str); 10] = [
+    (TxRequest::FULL_NAME, TxRequest::SCHEMA_JSON),
+    (TxAccepted::FULL_NAME, TxAccepted::SCHEMA_JSON),
+    (TxAllocated::FULL_NAME, TxAllocated::SCHEMA_JSON),
+    (TxSigned::FULL_NAME, TxSigned::SCHEMA_JSON),
+    (TxSubmitted::FULL_NAME, TxSubmitted::SCHEMA_JSON),
+    (TxReceiptUpdated::FULL_NAME, TxReceiptUpdated::SCHEMA_JSON),
+    (
+        TxConfirmationsUpdated::FULL_NAME,
+        TxConfirmationsUpdated::SCHEMA_JSON,
+    ),
+    (TxConfirmed::FULL_NAME, TxConfirmed::SCHEMA_JSON),
+    (TxFailed::FULL_NAME, TxFailed::SCHEMA_JSON),
+    (TxCommand::FULL_NAME, TxCommand::SCHEMA_JSON),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_schema_parses_and_names_its_type() {
+        for (name, json) in ALL_SCHEMAS {
+            let schema = Schema::parse_str(json).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let parsed_name = match &schema {
+                Schema::Record(r) => r.name.fullname(None),
+                other => panic!("{name} is not a record: {other:?}"),
+            };
+            assert_eq!(parsed_name, name);
+        }
+    }
+
+    #[test]
+    fn every_event_carries_an_event_id_field() {
+        for (name, json) in ALL_SCHEMAS {
+            let v: serde_json::Value = serde_json::from_str(json).expect("schema is JSON");
+            let fields = v["fields"].as_array().expect("record has fields");
+            assert_eq!(
+                fields[0]["name"], "event_id",
+                "{name}: event_id must be the first field"
+            );
+        }
+    }
+}

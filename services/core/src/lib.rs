@@ -1,0 +1,19 @@
+//! txflow-core: what every txflow service shares.
+//!
+//! - [`events`]: the Avro-described events and commands of the transaction pipeline, with their
+//!   schemas (from `schemas/*.avsc`) compiled in.
+//! - [`codec`]: Avro encoding, plain (datum) and in the Confluent wire format through a Schema
+//!   Registry.
+//! - [`kafka`]: client settings the pipeline relies on, topic names, topic administration.
+//! - [`db`]: PostgreSQL connection and the embedded migrations.
+//! - [`config`]: the typed configuration, from defaults and `TXFLOW_*` environment variables.
+//! - [`role`]: the service roles and the error of a role that is not built yet.
+//! - [`retry`]: the retry classification every error type carries.
+
+pub mod codec;
+pub mod config;
+pub mod db;
+pub mod events;
+pub mod kafka;
+pub mod retry;
+pub mod role;

@@ -1,0 +1,14 @@
+//! The spot-ledger role. The reference trading core: balances in RAM, a write-ahead log, a processed-transfer set.
+//!
+//! Not built yet: its entry point returns [`NotImplemented`] until its issue lands (none is filed yet).
+
+use txflow_core::config::Config;
+use txflow_core::role::{NotImplemented, Role};
+
+/// Runs the role until shutdown.
+pub async fn run(_config: &Config) -> Result<(), NotImplemented> {
+    Err(NotImplemented {
+        role: Role::SpotLedger,
+        issue: None,
+    })
+}

@@ -1,0 +1,162 @@
+//! `txflow`: one subcommand per service role, plus `up`, `migrate`, `replay`, `bench` and `demo`.
+//!
+//! Thin on purpose: it loads the configuration, starts logging and hands over to the crates.
+
+mod bench;
+mod up;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use txflow_core::config::Config;
+use txflow_core::role::Role;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "txflow",
+    version,
+    about = "Kafka-driven transaction manager for EVM signers"
+)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Settings shared by every subcommand; each also reads its `TXFLOW_*` environment variable.
+#[derive(Args, Debug)]
+struct Global {
+    /// PostgreSQL URL.
+    #[arg(long, global = true, env = "TXFLOW_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Kafka bootstrap servers.
+    #[arg(long, global = true, env = "TXFLOW_BROKERS")]
+    brokers: Option<String>,
+    /// Schema Registry URL.
+    #[arg(long, global = true, env = "TXFLOW_SCHEMA_REGISTRY_URL")]
+    schema_registry_url: Option<String>,
+    /// Prefix of every topic name.
+    #[arg(long, global = true, env = "TXFLOW_TOPIC_PREFIX")]
+    topic_prefix: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Role: validate, simulate, approve and allocate nonces (RECEIVED → ALLOCATED).
+    Allocator,
+    /// Role: sign allocated transactions (ALLOCATED → SIGNED).
+    SignerGateway,
+    /// Role: send signed transactions (SIGNED → SUBMITTED).
+    Broadcaster,
+    /// Role: follow submitted transactions to a receipt (SUBMITTED → MINED/REVERTED/REPLACED).
+    ReceiptChecker,
+    /// Role: count confirmations and follow reorgs (MINED → CONFIRMED, newFork).
+    ConfirmationManager,
+    /// Role: move funds between the funding ledger and the trading core.
+    TransferCoordinator,
+    /// Role: the reference trading core (RAM balances + write-ahead log).
+    SpotLedger,
+    /// Role: the HTTP API.
+    Gateway,
+    /// Check the infrastructure, apply migrations, create topics, register schemas, then run
+    /// every role in this one process until Ctrl-C (for development).
+    Up(up::UpArgs),
+    /// Apply the database migrations.
+    Migrate,
+    /// Reset a consumer group's offsets to an offset or a time (like kafka-consumer-groups).
+    Replay,
+    /// Load generator: drive the real pipeline (or one broker hop) and report throughput and
+    /// latency.
+    Bench(bench::BenchArgs),
+    /// Start everything, push a few hundred requests and show the outcomes.
+    Demo,
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("TXFLOW_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("TXFLOW_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn config(global: &Global) -> anyhow::Result<Config> {
+    let mut c = Config::from_env()?;
+    if let Some(v) = &global.database_url {
+        c.database_url = v.clone();
+    }
+    if let Some(v) = &global.brokers {
+        c.kafka.brokers = v.clone();
+    }
+    if let Some(v) = &global.schema_registry_url {
+        c.schema_registry_url = v.clone();
+    }
+    if let Some(v) = &global.topic_prefix {
+        c.topics = txflow_core::kafka::Topics::new(v.clone());
+    }
+    Ok(c)
+}
+
+async fn run_role(role: Role, config: &Config) -> anyhow::Result<()> {
+    match role {
+        Role::Allocator => txflow_allocator::run(config).await?,
+        Role::SignerGateway => txflow_signer_gateway::run(config).await?,
+        Role::Broadcaster => txflow_broadcaster::run(config).await?,
+        Role::ReceiptChecker => txflow_receipt_checker::run(config).await?,
+        Role::ConfirmationManager => txflow_confirmation_manager::run(config).await?,
+        Role::TransferCoordinator => txflow_transfer_coordinator::run(config).await?,
+        Role::SpotLedger => txflow_spot_ledger::run(config).await?,
+        Role::Gateway => txflow_gateway::run(config).await?,
+    }
+    Ok(())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = config(&cli.global)?;
+    match cli.command {
+        Command::Allocator => run_role(Role::Allocator, &config).await,
+        Command::SignerGateway => run_role(Role::SignerGateway, &config).await,
+        Command::Broadcaster => run_role(Role::Broadcaster, &config).await,
+        Command::ReceiptChecker => run_role(Role::ReceiptChecker, &config).await,
+        Command::ConfirmationManager => run_role(Role::ConfirmationManager, &config).await,
+        Command::TransferCoordinator => run_role(Role::TransferCoordinator, &config).await,
+        Command::SpotLedger => run_role(Role::SpotLedger, &config).await,
+        Command::Gateway => run_role(Role::Gateway, &config).await,
+        Command::Up(args) => up::run(&config, args).await,
+        Command::Migrate => {
+            let pool = txflow_core::db::connect(&config.database_url, 2).await?;
+            let n = txflow_core::db::migrate(&pool).await?;
+            println!("migrations applied: the database is at {n} migration(s)");
+            Ok(())
+        }
+        Command::Replay => anyhow::bail!("txflow replay is not implemented yet (no issue filed)"),
+        Command::Bench(args) => bench::run(&config, args).await,
+        Command::Demo => anyhow::bail!("txflow demo is not implemented yet (tracked by issue #5)"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! `txflow up`: everything in one process, for development.
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use txflow_core::codec::RegistryCodec;
+use txflow_core::config::Config;
+use txflow_core::role::Role;
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Set everything up, report, and exit instead of running until Ctrl-C.
+    #[arg(long)]
+    once: bool,
+}
+
+pub async fn run(config: &Config, args: UpArgs) -> anyhow::Result<()> {
+    let pool = txflow_core::db::connect(&config.database_url, 4).await?;
+    let migrations = txflow_core::db::migrate(&pool).await?;
+    println!(
+        "postgres      {}  ({migrations} migration(s) applied)",
+        redact(&config.database_url)
+    );
+
+    let topics = config.topics.all();
+    txflow_core::kafka::ensure_topics(&config.kafka, &topics, config.partitions).await?;
+    println!(
+        "kafka         {}  ({} topics, {} partitions each)",
+        config.kafka.brokers,
+        topics.len(),
+        config.partitions
+    );
+
+    let codec = RegistryCodec::new(&config.schema_registry_url);
+    let registered = codec.register_pipeline(&config.topics).await?;
+    println!(
+        "registry      {}  ({} schemas registered)",
+        config.schema_registry_url,
+        registered.len()
+    );
+
+    println!("\nroles:");
+    let shutdown = CancellationToken::new();
+    let mut running = tokio::task::JoinSet::new();
+    for role in Role::ALL {
+        let config = config.clone();
+        let token = shutdown.child_token();
+        running.spawn(async move {
+            let result = tokio::select! {
+                r = crate::run_role(role, &config) => r,
+                () = token.cancelled() => Ok(()),
+            };
+            (role, result)
+        });
+    }
+    // Roles that end on their own (not implemented yet, or failed) are reported as they end.
+    let mut live = Role::ALL.len();
+    let mut ticker = tokio::time::interval(std::time::Duration::from_millis(200));
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            Some(joined) = running.join_next() => {
+                live -= 1;
+                match joined {
+                    Ok((role, Ok(()))) => println!("  {role:<22} stopped"),
+                    Ok((role, Err(e))) => println!("  {role:<22} {e:#}"),
+                    Err(e) => println!("  a role task panicked: {e}"),
+                }
+            }
+            _ = ticker.tick(), if args.once => {
+                shutdown.cancel();
+            }
+            signal = tokio::signal::ctrl_c(), if !args.once => {
+                signal?;
+                println!("shutting down");
+                shutdown.cancel();
+            }
+            else => break,
+        }
+        if live == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The URL without a password, for printing.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_are_not_printed() {
+        assert_eq!(
+            super::redact("postgres://u:secret@h/db"),
+            "postgres://u:***@h/db"
+        );
+        assert_eq!(super::redact("postgres://u@h/db"), "postgres://u@h/db");
+    }
+}

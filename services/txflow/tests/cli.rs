@@ -1,0 +1,100 @@
+//! The `txflow` binary as a user runs it.
+
+use std::process::Command;
+
+use txflow_tests::TestDb;
+
+fn txflow() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_txflow"))
+}
+
+#[test]
+fn help_lists_every_role_and_command() {
+    let out = txflow().arg("--help").output().expect("run txflow --help");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for cmd in [
+        "allocator",
+        "signer-gateway",
+        "broadcaster",
+        "receipt-checker",
+        "confirmation-manager",
+        "transfer-coordinator",
+        "spot-ledger",
+        "gateway",
+        "up",
+        "migrate",
+        "replay",
+        "bench",
+        "demo",
+    ] {
+        assert!(
+            help.lines().any(|l| l.trim_start().starts_with(cmd)),
+            "--help does not list {cmd}:\n{help}"
+        );
+    }
+}
+
+#[test]
+fn a_role_not_built_yet_says_so_and_fails() {
+    let out = txflow()
+        .arg("gateway")
+        .output()
+        .expect("run txflow gateway");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gateway role is not implemented yet"), "{err}");
+}
+
+#[tokio::test]
+async fn migrate_applies_the_migrations_to_an_empty_database() {
+    let db = TestDb::empty().await;
+    let out = txflow()
+        .args(["migrate", "--database-url", &db.url])
+        .output()
+        .expect("run txflow migrate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
+        .fetch_one(&db.pool)
+        .await
+        .expect("migrations table");
+    assert_eq!(applied as usize, txflow_core::db::MIGRATOR.iter().count());
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name IN \
+         ('signer_lease','signer_nonce_cursor','managed_tx','tx_attempts','tx_events','recycled_nonces')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("tables");
+    assert_eq!(tables, 6);
+
+    // Running it again changes nothing and succeeds.
+    let again = txflow()
+        .args(["migrate", "--database-url", &db.url])
+        .output()
+        .expect("run again");
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+}
+
+#[test]
+fn an_unreachable_database_is_a_clear_error() {
+    let out = txflow()
+        .args([
+            "migrate",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/none",
+        ])
+        .output()
+        .expect("run txflow migrate");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("connecting to PostgreSQL"), "{err}");
+}
