@@ -86,7 +86,12 @@ async fn broker_hop(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     // Warm up: the first send waits for the idempotent producer id and the topic's metadata
     // (about a second); that is start-up, not per-hop latency. Send one message and consume it.
     producer
-        .send(FutureRecord::to(&topic).key("warm-up").payload(&[0u8; 8][..]), Duration::from_secs(30))
+        .send(
+            FutureRecord::to(&topic)
+                .key("warm-up")
+                .payload(&[0u8; 8][..]),
+            Duration::from_secs(30),
+        )
         .await
         .map_err(|(e, _)| e)?;
     tokio::time::timeout(Duration::from_secs(60), consumer.recv()).await??;
