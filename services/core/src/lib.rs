@@ -8,12 +8,20 @@
 //! - [`db`]: PostgreSQL connection and the embedded migrations.
 //! - [`config`]: the typed configuration, from defaults and `TXFLOW_*` environment variables.
 //! - [`role`]: the service roles and the error of a role that is not built yet.
+//! - [`domain`]: newtypes for chain ids, signers, fencing tokens and node ids.
+//! - [`lease`]: per-(role, chain, signer) leases with monotonic fencing tokens.
+//! - [`fenced`]: fenced transactions, the only way to write critical state, and the nonce cursor.
+//! - [`telemetry`]: typed telemetry events.
 //! - [`retry`]: the retry classification every error type carries.
 
 pub mod codec;
 pub mod config;
 pub mod db;
+pub mod domain;
 pub mod events;
+pub mod fenced;
 pub mod kafka;
+pub mod lease;
 pub mod retry;
 pub mod role;
+pub mod telemetry;

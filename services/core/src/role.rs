@@ -6,7 +6,7 @@ use crate::retry::{Classify, Retry};
 
 /// One consumer service (or the HTTP gateway). Each has a crate under `services/` and a
 /// subcommand of the `txflow` binary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Role {
     Allocator,
     SignerGateway,

@@ -1,0 +1,378 @@
+//! Fenced writes: the only way to reach the critical tables (`signer_nonce_cursor`,
+//! `recycled_nonces`, and later `managed_tx` and `tx_attempts`).
+//!
+//! A [`FencedTx`] is a PostgreSQL transaction opened from a [`HeldLease`]. Every statement it runs
+//! carries the fencing predicate (ARCHITECTURE §4): the lease row must still name this node and
+//! token and must not have expired, checked in the same statement, by the database clock. A
+//! statement that matches no row because of it is a typed [`FenceError::Fenced`], never a silent
+//! no-op. [`FencedTx::commit`] checks the lease once more and takes a share lock on the lease row,
+//! so a steal cannot slip in between the check and the commit: a late commit of an old owner is
+//! impossible. A paused owner cannot block a steal for long either: the transaction runs with
+//! `idle_in_transaction_session_timeout` set to twice the lease duration, and a session ended
+//! that way surfaces as `Fenced` too.
+
+use sqlx::postgres::{PgArguments, PgPool};
+use sqlx::query::{Query, QueryAs};
+use sqlx::{Postgres, Transaction};
+
+use crate::lease::HeldLease;
+use crate::retry::{Classify, Retry};
+use crate::telemetry;
+
+/// The fencing predicate; the fence is bound as `$1`..`$5` (role, chain id, signer, node, token).
+pub const FENCE_PREDICATE: &str = "EXISTS (SELECT 1 FROM signer_lease fence \
+     WHERE fence.role = $1 AND fence.chain_id = $2 AND fence.signer = $3 \
+       AND fence.owner_node = $4 AND fence.fencing_token = $5 \
+       AND fence.expires_at > clock_timestamp())";
+
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    /// The lease is no longer held with this token: stop acting for this signer, roll back,
+    /// back off and re-acquire.
+    #[error(
+        "fenced during {operation}: the {role} lease for {chain_id}:{signer} is no longer held by {node} with token {token}"
+    )]
+    Fenced {
+        operation: &'static str,
+        role: String,
+        chain_id: i64,
+        signer: String,
+        node: String,
+        token: i64,
+    },
+    /// A statement without the fencing predicate was offered as a critical write: a bug.
+    #[error("{operation}: refused to run a critical write without the fencing predicate")]
+    Unfenced { operation: &'static str },
+    #[error("database error during {operation}")]
+    Db {
+        operation: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+/// SQLSTATE of a session ended by `idle_in_transaction_session_timeout`.
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
+
+impl FenceError {
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, FenceError::Fenced { .. })
+    }
+}
+
+impl Classify for FenceError {
+    fn retry(&self) -> Retry {
+        match self {
+            // The write must not be retried as is: the caller re-acquires first.
+            FenceError::Fenced { .. } => Retry::Permanent,
+            FenceError::Unfenced { .. } => Retry::Permanent,
+            FenceError::Db { .. } => Retry::Transient,
+        }
+    }
+}
+
+/// A database error inside a fenced transaction; a session ended for idling past twice the lease
+/// (the owner was paused) is reported as `Fenced`: nothing of the transaction was applied.
+fn db_error(lease: &HeldLease, operation: &'static str, source: sqlx::Error) -> FenceError {
+    let idle_timeout = source
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|c| c == IDLE_IN_TRANSACTION_TIMEOUT);
+    if idle_timeout {
+        return fenced_error(lease, operation);
+    }
+    FenceError::Db { operation, source }
+}
+
+fn fenced_error(lease: &HeldLease, operation: &'static str) -> FenceError {
+    telemetry::WriteFenced { lease, operation }.emit();
+    FenceError::Fenced {
+        operation,
+        role: lease.key.role.as_str().to_string(),
+        chain_id: lease.key.chain_id.0,
+        signer: lease.key.signer.as_str().to_string(),
+        node: lease.node.as_str().to_string(),
+        token: lease.token.0,
+    }
+}
+
+/// A transaction that may write critical state for one (role, chain, signer), as long as the lease
+/// it was opened with is current.
+#[derive(Debug)]
+pub struct FencedTx {
+    tx: Transaction<'static, Postgres>,
+    lease: HeldLease,
+}
+
+impl HeldLease {
+    /// Opens a fenced transaction. Fails with `Fenced` if the lease is already no longer current.
+    pub async fn begin(&self, pool: &PgPool) -> Result<FencedTx, FenceError> {
+        let op = "begin";
+        let mut tx = pool.begin().await.map_err(|source| FenceError::Db {
+            operation: op,
+            source,
+        })?;
+        let timeout = i64::try_from(self.config.duration.as_millis())
+            .unwrap_or(i64::MAX)
+            .max(1);
+        sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
+            .bind(timeout.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(|source| FenceError::Db {
+                operation: op,
+                source,
+            })?;
+        let mut fenced = FencedTx {
+            tx,
+            lease: self.clone(),
+        };
+        fenced.check(op, false).await?;
+        Ok(fenced)
+    }
+}
+
+impl FencedTx {
+    pub fn lease(&self) -> &HeldLease {
+        &self.lease
+    }
+
+    fn bind_fence<'q>(
+        &self,
+        q: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments> {
+        let l = &self.lease;
+        q.bind(l.key.role.as_str())
+            .bind(l.key.chain_id.0)
+            .bind(l.key.signer.as_str().to_string())
+            .bind(l.node.as_str().to_string())
+            .bind(l.token.0)
+    }
+
+    fn bind_fence_as<'q, T>(
+        &self,
+        q: QueryAs<'q, Postgres, T, PgArguments>,
+    ) -> QueryAs<'q, Postgres, T, PgArguments> {
+        let l = &self.lease;
+        q.bind(l.key.role.as_str())
+            .bind(l.key.chain_id.0)
+            .bind(l.key.signer.as_str().to_string())
+            .bind(l.node.as_str().to_string())
+            .bind(l.token.0)
+    }
+
+    /// Refuses SQL that does not carry the fencing predicate: a programming error, reported as
+    /// such rather than run unfenced.
+    fn require_fence(operation: &'static str, sql: &str) -> Result<(), FenceError> {
+        if sql.contains(FENCE_PREDICATE) {
+            Ok(())
+        } else {
+            Err(FenceError::Unfenced { operation })
+        }
+    }
+
+    /// Runs a critical write. `sql` must contain [`FENCE_PREDICATE`] (the fence is bound as
+    /// `$1`..`$5`; `bind` adds the statement's own parameters from `$6`). Zero rows affected is
+    /// `Fenced`: use this for statements that always touch a row when the lease is current.
+    pub async fn execute<'q>(
+        &mut self,
+        operation: &'static str,
+        sql: &'q str,
+        bind: impl FnOnce(Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments>,
+    ) -> Result<u64, FenceError> {
+        Self::require_fence(operation, sql)?;
+        let q = bind(self.bind_fence(sqlx::query(sql)));
+        let done = q
+            .execute(&mut *self.tx)
+            .await
+            .map_err(|source| db_error(&self.lease, operation, source))?;
+        match done.rows_affected() {
+            0 => Err(self.fenced(operation)),
+            n => Ok(n),
+        }
+    }
+
+    /// Runs a critical statement with `RETURNING` and returns its rows, which may be none (the
+    /// caller decides whether none means fenced). `sql` must contain [`FENCE_PREDICATE`].
+    pub async fn fetch_all<'q, T>(
+        &mut self,
+        operation: &'static str,
+        sql: &'q str,
+        bind: impl FnOnce(
+            QueryAs<'q, Postgres, T, PgArguments>,
+        ) -> QueryAs<'q, Postgres, T, PgArguments>,
+    ) -> Result<Vec<T>, FenceError>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        Self::require_fence(operation, sql)?;
+        let q = bind(self.bind_fence_as(sqlx::query_as(sql)));
+        q.fetch_all(&mut *self.tx)
+            .await
+            .map_err(|source| db_error(&self.lease, operation, source))
+    }
+
+    /// Runs a critical statement with `RETURNING` that yields one row when the lease is current;
+    /// no row is `Fenced`. `sql` must contain [`FENCE_PREDICATE`].
+    pub async fn fetch_one<'q, T>(
+        &mut self,
+        operation: &'static str,
+        sql: &'q str,
+        bind: impl FnOnce(
+            QueryAs<'q, Postgres, T, PgArguments>,
+        ) -> QueryAs<'q, Postgres, T, PgArguments>,
+    ) -> Result<T, FenceError>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        let mut rows = self.fetch_all(operation, sql, bind).await?;
+        match rows.pop() {
+            Some(row) => Ok(row),
+            None => Err(self.fenced(operation)),
+        }
+    }
+
+    /// Reads in this transaction (no fence needed to read; nothing is written).
+    pub async fn read<'q, T>(
+        &mut self,
+        operation: &'static str,
+        query: QueryAs<'q, Postgres, T, PgArguments>,
+    ) -> Result<Vec<T>, FenceError>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        query
+            .fetch_all(&mut *self.tx)
+            .await
+            .map_err(|source| db_error(&self.lease, operation, source))
+    }
+
+    /// The `Fenced` error for `operation`, reported through telemetry.
+    pub fn fenced(&self, operation: &'static str) -> FenceError {
+        fenced_error(&self.lease, operation)
+    }
+
+    /// Verifies the lease in this transaction; with `lock`, also takes a share lock on the lease
+    /// row so that it cannot change before this transaction ends.
+    async fn check(&mut self, operation: &'static str, lock: bool) -> Result<(), FenceError> {
+        let sql = if lock {
+            "SELECT 1 FROM signer_lease fence WHERE fence.role = $1 AND fence.chain_id = $2 \
+             AND fence.signer = $3 AND fence.owner_node = $4 AND fence.fencing_token = $5 \
+             AND fence.expires_at > clock_timestamp() FOR SHARE"
+        } else {
+            "SELECT 1 FROM signer_lease fence WHERE fence.role = $1 AND fence.chain_id = $2 \
+             AND fence.signer = $3 AND fence.owner_node = $4 AND fence.fencing_token = $5 \
+             AND fence.expires_at > clock_timestamp()"
+        };
+        let found = self
+            .bind_fence(sqlx::query(sql))
+            .fetch_optional(&mut *self.tx)
+            .await
+            .map_err(|source| db_error(&self.lease, operation, source))?;
+        match found {
+            Some(_) => Ok(()),
+            None => Err(self.fenced(operation)),
+        }
+    }
+
+    /// Commits, after checking once more (under a share lock on the lease row) that the lease is
+    /// current. On `Fenced` nothing of this transaction is applied.
+    pub async fn commit(mut self) -> Result<(), FenceError> {
+        self.check("commit", true).await?;
+        let FencedTx { tx, lease } = self;
+        tx.commit()
+            .await
+            .map_err(|source| db_error(&lease, "commit", source))
+    }
+
+    /// Rolls back everything written in this transaction.
+    pub async fn rollback(self) -> Result<(), FenceError> {
+        let FencedTx { tx, lease } = self;
+        tx.rollback()
+            .await
+            .map_err(|source| db_error(&lease, "rollback", source))
+    }
+
+    // ---- nonce cursor (seed 001 §6.2, seed 003 recycled nonces) ----
+
+    /// Allocates `n` nonces for the signer in one statement: the lowest recycled ones first, then
+    /// the next ones from the cursor (created at 0 if the signer has none). Ascending.
+    pub async fn allocate_nonces(&mut self, n: u32) -> Result<Vec<i64>, FenceError> {
+        let sql = format!(
+            "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
+             pick AS (
+                 SELECT nonce FROM recycled_nonces
+                 WHERE chain_id = $2 AND signer = $3 AND EXISTS (SELECT 1 FROM fence_ok)
+                 ORDER BY nonce LIMIT $6 FOR UPDATE),
+             recycled AS (
+                 DELETE FROM recycled_nonces r USING pick
+                 WHERE r.chain_id = $2 AND r.signer = $3 AND r.nonce = pick.nonce
+                 RETURNING r.nonce),
+             fresh AS (SELECT $6 - (SELECT count(*) FROM recycled) AS n),
+             cursor AS (
+                 INSERT INTO signer_nonce_cursor AS c (chain_id, signer, next_nonce, fencing_token, updated_at)
+                 SELECT $2, $3, fresh.n, $5, clock_timestamp() FROM fresh, fence_ok
+                 ON CONFLICT (chain_id, signer) DO UPDATE
+                    SET next_nonce = c.next_nonce + EXCLUDED.next_nonce, fencing_token = $5,
+                        updated_at = clock_timestamp()
+                    WHERE c.fencing_token <= $5
+                 RETURNING c.next_nonce)
+             SELECT nonce FROM recycled
+             UNION ALL
+             SELECT generate_series(cursor.next_nonce - fresh.n, cursor.next_nonce - 1) FROM cursor, fresh
+             ORDER BY 1"
+        );
+        let rows: Vec<(i64,)> = self
+            .fetch_all("allocate_nonces", &sql, |q| q.bind(i64::from(n)))
+            .await?;
+        if rows.len() as u64 != u64::from(n) {
+            return Err(self.fenced("allocate_nonces"));
+        }
+        Ok(rows.into_iter().map(|r| r.0).collect())
+    }
+
+    /// Aligns the cursor with the chain's pending nonce, `next = max(cursor, chain)`, and drops
+    /// recycled nonces below the chain's (they were consumed on chain). Returns the new `next`.
+    pub async fn align_cursor(&mut self, chain_pending: i64) -> Result<i64, FenceError> {
+        let sql = format!(
+            "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
+             dropped AS (
+                 DELETE FROM recycled_nonces
+                 WHERE chain_id = $2 AND signer = $3 AND nonce < $6 AND EXISTS (SELECT 1 FROM fence_ok))
+             INSERT INTO signer_nonce_cursor AS c (chain_id, signer, next_nonce, fencing_token, synced_at, updated_at)
+             SELECT $2, $3, $6, $5, clock_timestamp(), clock_timestamp() FROM fence_ok
+             ON CONFLICT (chain_id, signer) DO UPDATE
+                SET next_nonce = GREATEST(c.next_nonce, $6), fencing_token = $5,
+                    synced_at = clock_timestamp(), updated_at = clock_timestamp()
+                WHERE c.fencing_token <= $5
+             RETURNING c.next_nonce"
+        );
+        let (next,): (i64,) = self
+            .fetch_one("align_cursor", &sql, |q| q.bind(chain_pending))
+            .await?;
+        Ok(next)
+    }
+
+    /// Puts `nonce` back for reuse by the next allocation of this signer.
+    pub async fn release_nonce(&mut self, nonce: i64) -> Result<(), FenceError> {
+        let sql = format!(
+            "INSERT INTO recycled_nonces (chain_id, signer, nonce, released_at)
+             SELECT $2, $3, $6, clock_timestamp() WHERE {FENCE_PREDICATE}
+             ON CONFLICT (chain_id, signer, nonce) DO UPDATE SET released_at = EXCLUDED.released_at"
+        );
+        self.execute("release_nonce", &sql, |q| q.bind(nonce))
+            .await
+            .map(|_| ())
+    }
+
+    /// The cursor's state: `(next_nonce, synced_at)`, or `None` if the signer has none yet.
+    pub async fn cursor(
+        &mut self,
+    ) -> Result<Option<(i64, Option<chrono::DateTime<chrono::Utc>>)>, FenceError> {
+        let key = &self.lease.key;
+        let q = sqlx::query_as("SELECT next_nonce, synced_at FROM signer_nonce_cursor WHERE chain_id = $1 AND signer = $2")
+            .bind(key.chain_id.0)
+            .bind(key.signer.as_str().to_string());
+        Ok(self.read("cursor", q).await?.pop())
+    }
+}
