@@ -98,3 +98,68 @@ fn an_unreachable_database_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("connecting to PostgreSQL"), "{err}");
 }
+
+#[tokio::test]
+async fn up_once_migrates_creates_topics_registers_schemas_and_reports_every_role() {
+    let db = TestDb::empty().await;
+    let services = txflow_tests::services();
+    let prefix = txflow_tests::unique("up");
+    let out = txflow()
+        .args(["up", "--once"])
+        .env("TXFLOW_DATABASE_URL", &db.url)
+        .env("TXFLOW_BROKERS", &services.brokers)
+        .env("TXFLOW_SCHEMA_REGISTRY_URL", &services.registry_url)
+        .env("TXFLOW_TOPIC_PREFIX", &prefix)
+        .env("TXFLOW_PARTITIONS", "2")
+        .output()
+        .expect("run txflow up --once");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for role in txflow_core::role::Role::ALL {
+        assert!(
+            stdout.contains(role.as_str()),
+            "{role} missing from:\n{stdout}"
+        );
+    }
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(&db.pool)
+        .await
+        .expect("migrations ran");
+    assert!(applied >= 1);
+
+    // The topics exist on the broker, with the partitions asked for.
+    let settings = txflow_tests::kafka_settings();
+    let topics = txflow_core::kafka::Topics::new(prefix.clone());
+    let consumer: rdkafka::consumer::BaseConsumer =
+        settings.assign_config().create().expect("consumer");
+    let md = rdkafka::consumer::Consumer::fetch_metadata(
+        &consumer,
+        None,
+        std::time::Duration::from_secs(10),
+    )
+    .expect("metadata");
+    for name in topics.all() {
+        let t = md.topics().iter().find(|t| t.name() == name);
+        assert_eq!(t.map(|t| t.partitions().len()), Some(2), "{name}");
+    }
+    drop(consumer);
+    txflow_core::kafka::delete_topics(&settings, &topics.all())
+        .await
+        .expect("clean up topics");
+
+    // The schemas are registered under the topics' subjects.
+    let subjects: Vec<String> = reqwest::get(format!("{}/subjects", services.registry_url))
+        .await
+        .expect("GET /subjects")
+        .json()
+        .await
+        .expect("a JSON list");
+    assert!(
+        subjects.contains(&format!("{}-value", topics.tx_requests())),
+        "{subjects:?}"
+    );
+}
