@@ -13,7 +13,7 @@
 
 use sqlx::postgres::{PgArguments, PgPool};
 use sqlx::query::{Query, QueryAs};
-use sqlx::{Postgres, Transaction};
+use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::lease::HeldLease;
 use crate::retry::{Classify, Retry};
@@ -96,6 +96,42 @@ fn fenced_error(lease: &HeldLease, operation: &'static str) -> FenceError {
     }
 }
 
+fn bind_fence<'q>(
+    l: &HeldLease,
+    q: Query<'q, Postgres, PgArguments>,
+) -> Query<'q, Postgres, PgArguments> {
+    q.bind(l.key.role.as_str())
+        .bind(l.key.chain_id.0)
+        .bind(l.key.signer.as_str().to_string())
+        .bind(l.node.as_str().to_string())
+        .bind(l.token.0)
+}
+
+fn bind_fence_as<'q, T>(
+    l: &HeldLease,
+    q: QueryAs<'q, Postgres, T, PgArguments>,
+) -> QueryAs<'q, Postgres, T, PgArguments> {
+    q.bind(l.key.role.as_str())
+        .bind(l.key.chain_id.0)
+        .bind(l.key.signer.as_str().to_string())
+        .bind(l.node.as_str().to_string())
+        .bind(l.token.0)
+}
+
+const SET_IDLE_TIMEOUT: &str = "SELECT set_config('idle_in_transaction_session_timeout', $1, true)";
+
+/// Twice the lease duration, in milliseconds: how long a fenced transaction may sit idle before
+/// PostgreSQL ends its session.
+fn idle_timeout_ms(lease: &HeldLease) -> i64 {
+    i64::try_from(lease.config.duration.as_millis())
+        .unwrap_or(i64::MAX / 2)
+        .saturating_mul(2)
+        .max(1)
+}
+
+/// `(next_nonce, synced_at)` of a signer's nonce cursor.
+pub type CursorState = (i64, Option<chrono::DateTime<chrono::Utc>>);
+
 /// A transaction that may write critical state for one (role, chain, signer), as long as the lease
 /// it was opened with is current.
 #[derive(Debug)]
@@ -112,10 +148,10 @@ impl HeldLease {
             operation: op,
             source,
         })?;
-        let timeout = i64::try_from(self.config.duration.as_millis())
-            .unwrap_or(i64::MAX)
-            .max(1);
-        sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
+        // Twice the lease: an owner paused that long has lost its lease, and its session (with any
+        // row locks it holds) is ended by PostgreSQL so that the new owner is not blocked.
+        let timeout = idle_timeout_ms(self);
+        sqlx::query(SET_IDLE_TIMEOUT)
             .bind(timeout.to_string())
             .execute(&mut *tx)
             .await
@@ -137,28 +173,95 @@ impl FencedTx {
         &self.lease
     }
 
-    fn bind_fence<'q>(
-        &self,
-        q: Query<'q, Postgres, PgArguments>,
-    ) -> Query<'q, Postgres, PgArguments> {
-        let l = &self.lease;
-        q.bind(l.key.role.as_str())
-            .bind(l.key.chain_id.0)
-            .bind(l.key.signer.as_str().to_string())
-            .bind(l.node.as_str().to_string())
-            .bind(l.token.0)
+    /// The writer for this transaction's critical statements.
+    pub fn writer(&mut self) -> Fenced<'_> {
+        Fenced {
+            conn: &mut self.tx,
+            lease: &self.lease,
+        }
     }
 
-    fn bind_fence_as<'q, T>(
-        &self,
-        q: QueryAs<'q, Postgres, T, PgArguments>,
-    ) -> QueryAs<'q, Postgres, T, PgArguments> {
-        let l = &self.lease;
-        q.bind(l.key.role.as_str())
-            .bind(l.key.chain_id.0)
-            .bind(l.key.signer.as_str().to_string())
-            .bind(l.node.as_str().to_string())
-            .bind(l.token.0)
+    /// Verifies the lease in this transaction; with `lock`, also takes a share lock on the lease
+    /// row so that it cannot change before this transaction ends.
+    async fn check(&mut self, operation: &'static str, lock: bool) -> Result<(), FenceError> {
+        let sql = if lock {
+            "SELECT 1 FROM signer_lease fence WHERE fence.role = $1 AND fence.chain_id = $2 \
+             AND fence.signer = $3 AND fence.owner_node = $4 AND fence.fencing_token = $5 \
+             AND fence.expires_at > clock_timestamp() FOR SHARE"
+        } else {
+            "SELECT 1 FROM signer_lease fence WHERE fence.role = $1 AND fence.chain_id = $2 \
+             AND fence.signer = $3 AND fence.owner_node = $4 AND fence.fencing_token = $5 \
+             AND fence.expires_at > clock_timestamp()"
+        };
+        let found = bind_fence(&self.lease, sqlx::query(sql))
+            .fetch_optional(&mut *self.tx)
+            .await
+            .map_err(|source| db_error(&self.lease, operation, source))?;
+        match found {
+            Some(_) => Ok(()),
+            None => Err(fenced_error(&self.lease, operation)),
+        }
+    }
+
+    /// Commits, after checking once more (under a share lock on the lease row) that the lease is
+    /// current. On `Fenced` nothing of this transaction is applied.
+    pub async fn commit(mut self) -> Result<(), FenceError> {
+        self.check("commit", true).await?;
+        let FencedTx { tx, lease } = self;
+        tx.commit()
+            .await
+            .map_err(|source| db_error(&lease, "commit", source))
+    }
+
+    /// Rolls back everything written in this transaction.
+    pub async fn rollback(self) -> Result<(), FenceError> {
+        let FencedTx { tx, lease } = self;
+        tx.rollback()
+            .await
+            .map_err(|source| db_error(&lease, "rollback", source))
+    }
+
+    /// See [`Fenced::execute`].
+    pub async fn execute<'q>(
+        &mut self,
+        operation: &'static str,
+        sql: &'q str,
+        bind: impl FnOnce(Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments>,
+    ) -> Result<u64, FenceError> {
+        self.writer().execute(operation, sql, bind).await
+    }
+
+    /// See [`Fenced::allocate_nonces`].
+    pub async fn allocate_nonces(&mut self, n: u32) -> Result<Vec<i64>, FenceError> {
+        self.writer().allocate_nonces(n).await
+    }
+
+    /// See [`Fenced::align_cursor`].
+    pub async fn align_cursor(&mut self, chain_pending: i64) -> Result<i64, FenceError> {
+        self.writer().align_cursor(chain_pending).await
+    }
+
+    /// See [`Fenced::release_nonce`].
+    pub async fn release_nonce(&mut self, nonce: i64) -> Result<(), FenceError> {
+        self.writer().release_nonce(nonce).await
+    }
+
+    /// See [`Fenced::cursor`].
+    pub async fn cursor(&mut self) -> Result<Option<CursorState>, FenceError> {
+        self.writer().cursor().await
+    }
+}
+
+/// Critical statements for one lease over a connection inside a transaction: of a [`FencedTx`],
+/// or of one signer's savepoint in a [`BatchTx`]. Every write carries the fencing predicate.
+pub struct Fenced<'c> {
+    conn: &'c mut PgConnection,
+    lease: &'c HeldLease,
+}
+
+impl Fenced<'_> {
+    pub fn lease(&self) -> &HeldLease {
+        self.lease
     }
 
     /// Refuses SQL that does not carry the fencing predicate: a programming error, reported as
@@ -181,11 +284,11 @@ impl FencedTx {
         bind: impl FnOnce(Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments>,
     ) -> Result<u64, FenceError> {
         Self::require_fence(operation, sql)?;
-        let q = bind(self.bind_fence(sqlx::query(sql)));
+        let q = bind(bind_fence(self.lease, sqlx::query(sql)));
         let done = q
-            .execute(&mut *self.tx)
+            .execute(&mut *self.conn)
             .await
-            .map_err(|source| db_error(&self.lease, operation, source))?;
+            .map_err(|source| db_error(self.lease, operation, source))?;
         match done.rows_affected() {
             0 => Err(self.fenced(operation)),
             n => Ok(n),
@@ -206,10 +309,10 @@ impl FencedTx {
         T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
     {
         Self::require_fence(operation, sql)?;
-        let q = bind(self.bind_fence_as(sqlx::query_as(sql)));
-        q.fetch_all(&mut *self.tx)
+        let q = bind(bind_fence_as(self.lease, sqlx::query_as(sql)));
+        q.fetch_all(&mut *self.conn)
             .await
-            .map_err(|source| db_error(&self.lease, operation, source))
+            .map_err(|source| db_error(self.lease, operation, source))
     }
 
     /// Runs a critical statement with `RETURNING` that yields one row when the lease is current;
@@ -242,55 +345,14 @@ impl FencedTx {
         T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
     {
         query
-            .fetch_all(&mut *self.tx)
+            .fetch_all(&mut *self.conn)
             .await
-            .map_err(|source| db_error(&self.lease, operation, source))
+            .map_err(|source| db_error(self.lease, operation, source))
     }
 
     /// The `Fenced` error for `operation`, reported through telemetry.
     pub fn fenced(&self, operation: &'static str) -> FenceError {
-        fenced_error(&self.lease, operation)
-    }
-
-    /// Verifies the lease in this transaction; with `lock`, also takes a share lock on the lease
-    /// row so that it cannot change before this transaction ends.
-    async fn check(&mut self, operation: &'static str, lock: bool) -> Result<(), FenceError> {
-        let sql = if lock {
-            "SELECT 1 FROM signer_lease fence WHERE fence.role = $1 AND fence.chain_id = $2 \
-             AND fence.signer = $3 AND fence.owner_node = $4 AND fence.fencing_token = $5 \
-             AND fence.expires_at > clock_timestamp() FOR SHARE"
-        } else {
-            "SELECT 1 FROM signer_lease fence WHERE fence.role = $1 AND fence.chain_id = $2 \
-             AND fence.signer = $3 AND fence.owner_node = $4 AND fence.fencing_token = $5 \
-             AND fence.expires_at > clock_timestamp()"
-        };
-        let found = self
-            .bind_fence(sqlx::query(sql))
-            .fetch_optional(&mut *self.tx)
-            .await
-            .map_err(|source| db_error(&self.lease, operation, source))?;
-        match found {
-            Some(_) => Ok(()),
-            None => Err(self.fenced(operation)),
-        }
-    }
-
-    /// Commits, after checking once more (under a share lock on the lease row) that the lease is
-    /// current. On `Fenced` nothing of this transaction is applied.
-    pub async fn commit(mut self) -> Result<(), FenceError> {
-        self.check("commit", true).await?;
-        let FencedTx { tx, lease } = self;
-        tx.commit()
-            .await
-            .map_err(|source| db_error(&lease, "commit", source))
-    }
-
-    /// Rolls back everything written in this transaction.
-    pub async fn rollback(self) -> Result<(), FenceError> {
-        let FencedTx { tx, lease } = self;
-        tx.rollback()
-            .await
-            .map_err(|source| db_error(&lease, "rollback", source))
+        fenced_error(self.lease, operation)
     }
 
     // ---- nonce cursor (seed 001 §6.2, seed 003 recycled nonces) ----
@@ -374,5 +436,197 @@ impl FencedTx {
             .bind(key.chain_id.0)
             .bind(key.signer.as_str().to_string());
         Ok(self.read("cursor", q).await?.pop())
+    }
+}
+
+/// Why a batch did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchCommitError {
+    /// These leases were no longer current at commit: the whole batch was rolled back.
+    #[error("{} lease(s) were lost before the batch committed; nothing was applied", .0.len())]
+    Fenced(Vec<HeldLease>),
+    #[error("database error during {operation}")]
+    Db {
+        operation: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+impl Classify for BatchCommitError {
+    fn retry(&self) -> Retry {
+        Retry::Transient
+    }
+}
+
+/// One PostgreSQL transaction for a batch of several signers: the stage runtime's unit of
+/// commit. Each signer's work runs in a savepoint of its own ([`BatchTx::signer`]), so a signer
+/// that turns out to be fenced is rolled back alone; the commit re-checks every kept lease under a
+/// share lock, as [`FencedTx::commit`] does.
+#[derive(Debug)]
+pub struct BatchTx {
+    tx: Transaction<'static, Postgres>,
+    kept: Vec<HeldLease>,
+    savepoints: u32,
+}
+
+impl BatchTx {
+    /// Begins a batch whose transaction may idle at most `idle_timeout` (use twice the lease).
+    pub async fn begin(
+        pool: &PgPool,
+        idle_timeout: std::time::Duration,
+    ) -> Result<BatchTx, BatchCommitError> {
+        let db = |source| BatchCommitError::Db {
+            operation: "begin batch",
+            source,
+        };
+        let mut tx = pool.begin().await.map_err(db)?;
+        let ms = i64::try_from(idle_timeout.as_millis())
+            .unwrap_or(i64::MAX)
+            .max(1);
+        sqlx::query(SET_IDLE_TIMEOUT)
+            .bind(ms.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        Ok(BatchTx {
+            tx,
+            kept: Vec::new(),
+            savepoints: 0,
+        })
+    }
+
+    /// Opens a savepoint for `lease`'s signer and checks the lease. The scope must end with
+    /// [`SignerScope::keep`] or [`SignerScope::discard`].
+    pub async fn signer<'a>(
+        &'a mut self,
+        lease: &'a HeldLease,
+    ) -> Result<SignerScope<'a>, FenceError> {
+        self.savepoints += 1;
+        let savepoint = format!("signer_{}", self.savepoints);
+        sqlx::query(&format!("SAVEPOINT {savepoint}"))
+            .execute(&mut *self.tx)
+            .await
+            .map_err(|source| db_error(lease, "savepoint", source))?;
+        let found = bind_fence(
+            lease,
+            sqlx::query(
+                "SELECT 1 FROM signer_lease fence WHERE fence.role = $1 AND fence.chain_id = $2 \
+                 AND fence.signer = $3 AND fence.owner_node = $4 AND fence.fencing_token = $5 \
+                 AND fence.expires_at > clock_timestamp()",
+            ),
+        )
+        .fetch_optional(&mut *self.tx)
+        .await
+        .map_err(|source| db_error(lease, "begin signer", source))?;
+        let mut scope = SignerScope {
+            batch: self,
+            lease,
+            savepoint,
+        };
+        if found.is_none() {
+            scope.rollback_savepoint().await?;
+            return Err(fenced_error(lease, "begin signer"));
+        }
+        Ok(scope)
+    }
+
+    /// Commits the kept signers' work after checking, under a share lock on their lease rows,
+    /// that every kept lease is still current. If any is not, nothing is applied.
+    pub async fn commit(mut self) -> Result<(), BatchCommitError> {
+        let db = |source| BatchCommitError::Db {
+            operation: "commit batch",
+            source,
+        };
+        if !self.kept.is_empty() {
+            let roles: Vec<&str> = self.kept.iter().map(|l| l.key.role.as_str()).collect();
+            let chains: Vec<i64> = self.kept.iter().map(|l| l.key.chain_id.0).collect();
+            let signers: Vec<&str> = self.kept.iter().map(|l| l.key.signer.as_str()).collect();
+            let nodes: Vec<&str> = self.kept.iter().map(|l| l.node.as_str()).collect();
+            let tokens: Vec<i64> = self.kept.iter().map(|l| l.token.0).collect();
+            let current: Vec<(String, i64, String)> = sqlx::query_as(
+                "SELECT f.role, f.chain_id, f.signer FROM signer_lease f
+                 JOIN unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[])
+                      AS l(role, chain_id, signer, node, token)
+                   ON f.role = l.role AND f.chain_id = l.chain_id AND f.signer = l.signer
+                  AND f.owner_node = l.node AND f.fencing_token = l.token
+                WHERE f.expires_at > clock_timestamp()
+                FOR SHARE OF f",
+            )
+            .bind(&roles)
+            .bind(&chains)
+            .bind(&signers)
+            .bind(&nodes)
+            .bind(&tokens)
+            .fetch_all(&mut *self.tx)
+            .await
+            .map_err(db)?;
+            let lost: Vec<HeldLease> = self
+                .kept
+                .iter()
+                .filter(|l| {
+                    !current.iter().any(|(r, c, s)| {
+                        r == l.key.role.as_str()
+                            && *c == l.key.chain_id.0
+                            && s == l.key.signer.as_str()
+                    })
+                })
+                .cloned()
+                .collect();
+            if !lost.is_empty() {
+                for l in &lost {
+                    telemetry::WriteFenced {
+                        lease: l,
+                        operation: "commit batch",
+                    }
+                    .emit();
+                }
+                self.tx.rollback().await.map_err(db)?;
+                return Err(BatchCommitError::Fenced(lost));
+            }
+        }
+        self.tx.commit().await.map_err(db)
+    }
+}
+
+/// One signer's part of a [`BatchTx`].
+pub struct SignerScope<'a> {
+    batch: &'a mut BatchTx,
+    lease: &'a HeldLease,
+    savepoint: String,
+}
+
+impl SignerScope<'_> {
+    /// The writer for this signer's critical statements.
+    pub fn writer(&mut self) -> Fenced<'_> {
+        Fenced {
+            conn: &mut self.batch.tx,
+            lease: self.lease,
+        }
+    }
+
+    async fn rollback_savepoint(&mut self) -> Result<(), FenceError> {
+        sqlx::query(&format!("ROLLBACK TO SAVEPOINT {}", self.savepoint))
+            .execute(&mut *self.batch.tx)
+            .await
+            .map_err(|source| db_error(self.lease, "rollback signer", source))?;
+        Ok(())
+    }
+
+    /// Keeps this signer's work in the batch.
+    pub async fn keep(self) -> Result<(), FenceError> {
+        sqlx::query(&format!("RELEASE SAVEPOINT {}", self.savepoint))
+            .execute(&mut *self.batch.tx)
+            .await
+            .map_err(|source| db_error(self.lease, "keep signer", source))?;
+        if !self.batch.kept.iter().any(|l| l.key == self.lease.key) {
+            self.batch.kept.push(self.lease.clone());
+        }
+        Ok(())
+    }
+
+    /// Undoes this signer's work; the rest of the batch is unaffected.
+    pub async fn discard(mut self) -> Result<(), FenceError> {
+        self.rollback_savepoint().await
     }
 }
