@@ -18,6 +18,7 @@ mod anvil;
 mod broker;
 mod db;
 mod kafka;
+pub mod test_stage;
 mod wait;
 
 pub use anvil::AnvilNode;

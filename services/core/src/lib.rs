@@ -11,6 +11,8 @@
 //! - [`domain`]: newtypes for chain ids, signers, fencing tokens and node ids.
 //! - [`lease`]: per-(role, chain, signer) leases with monotonic fencing tokens.
 //! - [`fenced`]: fenced transactions, the only way to write critical state, and the nonce cursor.
+//! - [`stage`]: the stage runtime every consumer service runs on.
+//! - [`fault`]: fault points for crash tests (feature `fault-injection`).
 //! - [`telemetry`]: typed telemetry events.
 //! - [`retry`]: the retry classification every error type carries.
 
@@ -19,9 +21,11 @@ pub mod config;
 pub mod db;
 pub mod domain;
 pub mod events;
+pub mod fault;
 pub mod fenced;
 pub mod kafka;
 pub mod lease;
 pub mod retry;
 pub mod role;
+pub mod stage;
 pub mod telemetry;

@@ -140,3 +140,77 @@ impl WriteFenced<'_> {
         );
     }
 }
+
+/// A stage committed a batch and produced its outputs.
+pub struct BatchCommitted<'a> {
+    pub role: crate::role::Role,
+    pub node: &'a NodeId,
+    pub messages: usize,
+    pub signers: usize,
+    pub retried: usize,
+    pub elapsed: std::time::Duration,
+}
+
+impl BatchCommitted<'_> {
+    pub fn emit(&self) {
+        tracing::debug!(
+            target: "txflow::stage",
+            event = "batch_committed",
+            role = %self.role,
+            node = %self.node,
+            messages = self.messages,
+            signers = self.signers,
+            retried = self.retried,
+            elapsed_ms = self.elapsed.as_millis() as u64,
+            "batch committed"
+        );
+    }
+}
+
+/// A message went to the dead-letter topic.
+pub struct DeadLettered<'a> {
+    pub role: crate::role::Role,
+    pub code: &'a str,
+    pub reason: &'a str,
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl DeadLettered<'_> {
+    pub fn emit(&self) {
+        tracing::warn!(
+            target: "txflow::stage",
+            event = "dead_lettered",
+            role = %self.role,
+            code = self.code,
+            reason = self.reason,
+            topic = self.topic,
+            partition = self.partition,
+            offset = self.offset,
+            "message dead-lettered"
+        );
+    }
+}
+
+/// The consumer group moved partitions to or from this instance.
+pub struct Rebalanced<'a> {
+    pub role: crate::role::Role,
+    pub node: &'a NodeId,
+    pub assigned: &'a [i32],
+    pub revoked: &'a [i32],
+}
+
+impl Rebalanced<'_> {
+    pub fn emit(&self) {
+        tracing::info!(
+            target: "txflow::stage",
+            event = "rebalance",
+            role = %self.role,
+            node = %self.node,
+            assigned = ?self.assigned,
+            revoked = ?self.revoked,
+            "partitions rebalanced"
+        );
+    }
+}
