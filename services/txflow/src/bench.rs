@@ -17,16 +17,19 @@ use txflow_core::kafka::{delete_topics, ensure_topics};
 pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = Scenario::Pipeline)]
     scenario: Scenario,
-    /// Signers (pipeline).
+    /// Signers (pipeline, stage).
     #[arg(long, default_value_t = 1)]
     signers: u32,
     /// Requests per signer (pipeline).
     #[arg(long, default_value_t = 100)]
     txs: u32,
-    /// Messages to send (broker-hop).
-    #[arg(long, default_value_t = 10_000)]
+    /// Messages to send (broker-hop, stage).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     messages: u32,
-    /// Messages per second, 0 for as fast as possible (broker-hop).
+    /// Largest batch the stage runtime takes (stage); 1 = one message per transaction.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    batch_max: u32,
+    /// Messages per second, 0 for as fast as possible (broker-hop; stage latency phase).
     #[arg(long, default_value_t = 2_000)]
     rate: u32,
     /// Payload size in bytes (broker-hop).
@@ -41,6 +44,8 @@ pub struct BenchArgs {
 enum Scenario {
     Pipeline,
     BrokerHop,
+    /// A no-op stage on the stage runtime: leases, batch transaction, commit, produce, offsets.
+    Stage,
 }
 
 pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
@@ -51,6 +56,17 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
             )
         }
         Scenario::BrokerHop => broker_hop(config, &args).await,
+        Scenario::Stage => {
+            crate::bench_stage::run(
+                config,
+                args.messages,
+                args.signers,
+                args.batch_max,
+                args.rate,
+                args.json,
+            )
+            .await
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! Thin on purpose: it loads the configuration, starts logging and hands over to the crates.
 
 mod bench;
+mod bench_stage;
 mod up;
 
 use std::process::ExitCode;

@@ -640,17 +640,11 @@ impl<H: Handler> StageRuntime<H> {
                 retry_items.insert(*i);
             }
         }
-        let mut produced_ok = true;
-        for (i, outs) in &outputs {
-            for o in outs {
-                if !self
-                    .produce(producer, o, items[*i].traceparent.as_deref())
-                    .await
-                {
-                    produced_ok = false;
-                }
-            }
-        }
+        let all: Vec<(&Output, Option<&str>)> = outputs
+            .iter()
+            .flat_map(|(i, outs)| outs.iter().map(|o| (o, items[*i].traceparent.as_deref())))
+            .collect();
+        let produced_ok = self.produce(producer, &all).await;
         if !produced_ok {
             // The state is committed; the outputs are re-emitted when the messages come again.
             retry_items.extend(outputs.iter().map(|(i, _)| *i));
@@ -822,9 +816,8 @@ impl<H: Handler> StageRuntime<H> {
             .await
         {
             Ok(outs) => {
-                for o in &outs {
-                    self.produce(producer, o, None).await;
-                }
+                let all: Vec<(&Output, Option<&str>)> = outs.iter().map(|o| (o, None)).collect();
+                self.produce(producer, &all).await;
             }
             Err(e) => {
                 if e.is_fenced() {
@@ -836,35 +829,52 @@ impl<H: Handler> StageRuntime<H> {
     }
 
     /// Encodes and produces one output, waiting for the acknowledgement.
-    async fn produce(&self, producer: &FutureProducer, o: &Output, parent: Option<&str>) -> bool {
-        let payload = match o.event.encode(&self.codec, &o.topic).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = ?e, topic = %o.topic, "could not encode an output");
-                return false;
-            }
-        };
-        let traceparent = child_traceparent(parent);
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: "traceparent",
-                value: Some(traceparent.as_bytes()),
-            })
-            .insert(Header {
-                key: "event_id",
-                value: Some(o.event_id.as_bytes()),
-            });
-        let record = FutureRecord::to(&o.topic)
-            .key(&o.key)
-            .payload(&payload)
-            .headers(headers);
-        match producer.send(record, Duration::from_secs(30)).await {
-            Ok(_) => true,
-            Err((e, _)) => {
-                tracing::warn!(error = %e, topic = %o.topic, "could not produce an output");
-                false
+    async fn produce(
+        &self,
+        producer: &FutureProducer,
+        outputs: &[(&Output, Option<&str>)],
+    ) -> bool {
+        // Encode everything first (the registry is consulted once per schema), then enqueue in
+        // order, then await every acknowledgement: the idempotent producer keeps each partition's
+        // order, and the batch pays one round trip instead of one per message.
+        let mut encoded = Vec::with_capacity(outputs.len());
+        for (o, parent) in outputs {
+            match o.event.encode(&self.codec, &o.topic).await {
+                Ok(p) => encoded.push((*o, p, child_traceparent(*parent))),
+                Err(e) => {
+                    tracing::warn!(error = ?e, topic = %o.topic, "could not encode an output");
+                    return false;
+                }
             }
         }
+        let sends = encoded.iter().map(|(o, payload, traceparent)| {
+            let headers = OwnedHeaders::new()
+                .insert(Header {
+                    key: "traceparent",
+                    value: Some(traceparent.as_bytes()),
+                })
+                .insert(Header {
+                    key: "event_id",
+                    value: Some(o.event_id.as_bytes()),
+                });
+            let record = FutureRecord::to(&o.topic)
+                .key(&o.key)
+                .payload(payload)
+                .headers(headers);
+            producer.send(record, Duration::from_secs(30))
+        });
+        let mut ok = true;
+        for (result, (o, _, _)) in futures::future::join_all(sends)
+            .await
+            .into_iter()
+            .zip(&encoded)
+        {
+            if let Err((e, _)) = result {
+                tracing::warn!(error = %e, topic = %o.topic, "could not produce an output");
+                ok = false;
+            }
+        }
+        ok
     }
 
     /// Sends a message to the dead-letter topic with the reason in its headers.
