@@ -466,3 +466,60 @@ async fn a_critical_write_without_the_fencing_predicate_is_refused() {
         .expect_err("unfenced SQL");
     assert!(matches!(err, FenceError::Unfenced { .. }), "{err:?}");
 }
+
+#[tokio::test]
+async fn in_a_batch_a_fenced_signer_rolls_back_alone_and_a_lease_lost_before_commit_undoes_the_batch()
+ {
+    use txflow_core::fenced::{BatchCommitError, BatchTx};
+    let db = TestDb::new().await;
+    let (s1, s2) = (signer(8), signer(9));
+    let cfg = config(5_000, 500);
+    let a = manager(&db.pool, "node-a", cfg);
+    let b = manager(&db.pool, "node-b", cfg);
+    let (l1, _) = held(a.acquire(CHAIN, &s1).await.expect("acquire"));
+    let (l2, _) = held(a.acquire(CHAIN, &s2).await.expect("acquire"));
+
+    // s2's lease is taken by node-b before the batch reaches it.
+    assert!(a.release(&l2).await.expect("release"));
+    held(b.acquire(CHAIN, &s2).await.expect("b takes s2"));
+    let mut batch = BatchTx::begin(&db.pool, Duration::from_secs(10))
+        .await
+        .expect("begin");
+    let mut scope = batch.signer(&l1).await.expect("s1 is ours");
+    assert_eq!(
+        scope.writer().allocate_nonces(2).await.expect("s1 writes"),
+        vec![0, 1]
+    );
+    scope.keep().await.expect("keep s1");
+    let err = batch.signer(&l2).await.err().expect("s2 is fenced");
+    assert!(err.is_fenced(), "{err:?}");
+    batch.commit().await.expect("s1's work commits without s2");
+    assert_eq!(cursor(&db.pool, &s1).await, Some((2, 1)));
+    assert_eq!(
+        cursor(&db.pool, &s2).await,
+        None,
+        "nothing for the fenced signer"
+    );
+
+    // s1's lease is lost after its work was kept but before the commit: nothing is applied.
+    let mut batch = BatchTx::begin(&db.pool, Duration::from_secs(10))
+        .await
+        .expect("begin");
+    let mut scope = batch.signer(&l1).await.expect("s1 is ours");
+    assert_eq!(
+        scope.writer().allocate_nonces(1).await.expect("s1 writes"),
+        vec![2]
+    );
+    scope.keep().await.expect("keep s1");
+    assert!(a.release(&l1).await.expect("release"));
+    held(b.acquire(CHAIN, &s1).await.expect("b takes s1"));
+    match batch.commit().await {
+        Err(BatchCommitError::Fenced(lost)) => assert_eq!(lost, vec![l1.clone()]),
+        other => panic!("expected the commit to be fenced, got {other:?}"),
+    }
+    assert_eq!(
+        cursor(&db.pool, &s1).await,
+        Some((2, 1)),
+        "the batch was rolled back"
+    );
+}
