@@ -21,6 +21,35 @@ pub struct Config {
     pub partitions: i32,
     /// `TXFLOW_RPC_URLS`: comma-separated JSON-RPC endpoints of the chain.
     pub rpc_urls: Vec<String>,
+    /// `TXFLOW_CHAIN_ID`: the chain this deployment serves.
+    pub chain_id: i64,
+    /// `TXFLOW_SIGNER_KEYS`: comma-separated hex private keys for the local signer. A secret:
+    /// never printed (its `Debug` is redacted).
+    pub signer_keys: Secret,
+}
+
+/// A secret value whose `Debug` never shows it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+    /// The value, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "Secret(empty)"
+        } else {
+            "Secret(***)"
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -48,6 +77,8 @@ impl Default for Config {
             topics: Topics::new("txflow"),
             partitions: 16,
             rpc_urls: vec!["http://127.0.0.1:8545".into()],
+            chain_id: 31337,
+            signer_keys: Secret::default(),
         }
     }
 }
@@ -108,6 +139,21 @@ impl Config {
                 .filter(|s| !s.is_empty())
                 .collect();
         }
+        if let Some(v) = lookup("TXFLOW_CHAIN_ID") {
+            c.chain_id = match v.parse::<i64>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_CHAIN_ID",
+                        value: v,
+                        why: "expected a positive whole number",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_SIGNER_KEYS") {
+            c.signer_keys = Secret::new(v);
+        }
         Ok(c)
     }
 }
@@ -128,6 +174,16 @@ mod tests {
         assert_eq!(c.kafka.brokers, "b:1");
         assert_eq!(c.partitions, 4);
         assert_eq!(c.topics.tx_requests(), "t1.tx.requests");
+    }
+
+    #[test]
+    fn signer_keys_never_show_in_debug_output() {
+        let key = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
+        let c = Config::from_lookup(|k| (k == "TXFLOW_SIGNER_KEYS").then(|| key.into()))
+            .expect("valid");
+        assert_eq!(c.signer_keys.expose(), key);
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("ac0974"), "{shown}");
     }
 
     #[test]

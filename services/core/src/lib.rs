@@ -16,6 +16,7 @@
 //! - [`telemetry`]: typed telemetry events.
 //! - [`retry`]: the retry classification every error type carries.
 
+pub mod chain;
 pub mod codec;
 pub mod config;
 pub mod db;

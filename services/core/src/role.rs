@@ -72,3 +72,32 @@ impl Classify for NotImplemented {
         Retry::Permanent
     }
 }
+
+/// Why a role stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RoleError {
+    #[error(transparent)]
+    NotImplemented(#[from] NotImplemented),
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Db(#[from] crate::db::DbError),
+    #[error(transparent)]
+    Chain(#[from] crate::chain::ChainError),
+    #[error(transparent)]
+    Lease(#[from] crate::lease::LeaseError),
+    #[error(transparent)]
+    Stage(#[from] crate::stage::StageError),
+}
+
+impl Classify for RoleError {
+    fn retry(&self) -> Retry {
+        match self {
+            RoleError::NotImplemented(_) | RoleError::Config(_) => Retry::Permanent,
+            RoleError::Db(e) => e.retry(),
+            RoleError::Chain(e) => e.retry(),
+            RoleError::Lease(e) => e.retry(),
+            RoleError::Stage(e) => e.retry(),
+        }
+    }
+}

@@ -157,6 +157,9 @@ impl HandlerError {
 pub struct DriveCtx<'a> {
     pub lease: &'a HeldLease,
     pub pool: &'a PgPool,
+    /// True when called by the recovery scan (start, assignment, periodic), false right after a
+    /// batch committed work for this signer.
+    pub recovery: bool,
 }
 
 /// A stage's logic, plugged into the runtime.
@@ -530,6 +533,7 @@ impl<H: Handler> StageRuntime<H> {
         let mut outputs: Vec<(usize, Vec<Output>)> = Vec::new();
         let mut retry_items: BTreeSet<usize> = BTreeSet::new();
         let mut rejected: Vec<(usize, Rejection)> = Vec::new();
+        let mut kept_signers: Vec<(ChainId, Signer)> = Vec::new();
         let committed = match BatchTx::begin(&self.pool, self.config.lease.duration * 2).await {
             Err(e) => {
                 tracing::warn!(error = ?e, "cannot begin the batch transaction");
@@ -586,6 +590,7 @@ impl<H: Handler> StageRuntime<H> {
                     match failed {
                         None => match scope.keep().await {
                             Ok(()) => {
+                                kept_signers.push(signer.clone());
                                 outputs.extend(signer_outputs);
                                 rejected.extend(signer_rejected);
                             }
@@ -688,11 +693,9 @@ impl<H: Handler> StageRuntime<H> {
 
         // External calls and follow-ups for the signers whose work committed.
         if committed {
-            let touched: BTreeSet<&(ChainId, Signer)> =
-                outputs.iter().map(|(i, _)| &items[*i].signer).collect();
-            for signer in touched {
+            for signer in &kept_signers {
                 if let Some(lease) = leases.get(signer) {
-                    self.drive(producer, lease).await;
+                    self.drive(producer, lease, false).await;
                 }
             }
         }
@@ -802,16 +805,17 @@ impl<H: Handler> StageRuntime<H> {
         tracing::info!(role = %self.handler.role(), signers = mine.len(), "recovery scan");
         let leases = self.leases_for(mine).await;
         for lease in leases.values() {
-            self.drive(producer, lease).await;
+            self.drive(producer, lease, true).await;
         }
     }
 
-    async fn drive(&self, producer: &FutureProducer, lease: &HeldLease) {
+    async fn drive(&self, producer: &FutureProducer, lease: &HeldLease, recovery: bool) {
         match self
             .handler
             .drive(DriveCtx {
                 lease,
                 pool: &self.pool,
+                recovery,
             })
             .await
         {
