@@ -323,3 +323,86 @@ async fn bad_requests_are_dead_lettered_with_their_reason_and_nothing_else_is_af
     );
     p.stop().await;
 }
+
+/// Deploys a contract whose code always reverts (PUSH1 0 PUSH1 0 REVERT) and returns its address.
+async fn deploy_reverter(anvil: &AnvilNode) -> Address {
+    use alloy::network::TransactionBuilder;
+    let provider = ProviderBuilder::new().connect_http(anvil.url.parse().expect("url"));
+    let accounts = provider.get_accounts().await.expect("anvil's dev accounts");
+    let init = hex::decode("6460006000fd6000526005601bf3").expect("hex");
+    let tx = alloy::rpc::types::TransactionRequest::default()
+        .from(accounts[0])
+        .with_deploy_code(init);
+    let receipt = provider
+        .send_transaction(tx)
+        .await
+        .expect("deploy")
+        .get_receipt()
+        .await
+        .expect("receipt");
+    receipt.contract_address.expect("a contract was created")
+}
+
+#[tokio::test]
+async fn a_reverting_call_fails_with_its_reason_holds_no_nonce_and_later_requests_mine() {
+    let p = Pipeline::start(1).await;
+    let reverter = deploy_reverter(&p.anvil).await;
+    let mut bad = p.request(0, "reverts");
+    bad.to = format!("{reverter:#x}");
+    p.send(&bad).await;
+    for i in 0..3 {
+        p.send(&p.request(0, &format!("after-{i}"))).await;
+    }
+    wait_until("the later requests are mined", LONG, || async {
+        p.mined_count().await >= 3
+    })
+    .await;
+    let (state, code, reason, nonce): (String, Option<String>, Option<String>, Option<i64>) = sqlx::query_as(
+        "SELECT state, failure_code, failure_reason, nonce FROM managed_tx WHERE request_id = 'reverts'",
+    )
+    .fetch_one(&p.db.pool)
+    .await
+    .expect("row");
+    assert_eq!(state, "FAILED");
+    assert_eq!(code.as_deref(), Some("SIMULATION_REVERTED"));
+    assert!(
+        reason.unwrap_or_default().contains("revert"),
+        "the node's revert reason is kept"
+    );
+    assert_eq!(nonce, None, "a failed simulation never holds a nonce");
+    let markers = p.mined_markers().await;
+    assert!(!markers.contains_key("txflow:reverts"));
+    assert_eq!(markers.len(), 3);
+    let nonces: Vec<i64> =
+        sqlx::query_scalar("SELECT nonce FROM managed_tx WHERE nonce IS NOT NULL ORDER BY nonce")
+            .fetch_all(&p.db.pool)
+            .await
+            .expect("nonces");
+    assert_eq!(nonces, vec![0, 1, 2], "no gap where the failed request was");
+
+    // The failure is announced on the outcomes topic.
+    let c = group_consumer(&p.config.kafka, &unique("outcomes"));
+    c.subscribe(&[&p.config.topics.tx_outcomes()])
+        .expect("subscribe");
+    let mut failed = None;
+    let deadline = tokio::time::Instant::now() + LONG;
+    while failed.is_none() {
+        let m = tokio::time::timeout_at(deadline, c.recv())
+            .await
+            .expect("an outcome in time")
+            .expect("consume");
+        if let Ok(f) = p
+            .codec
+            .decode::<txflow_core::events::TxFailed>(m.payload().expect("payload"))
+            .await
+        {
+            failed = Some(f);
+        }
+    }
+    let failed = failed.expect("TxFailed");
+    assert_eq!(
+        (failed.request_id.as_str(), failed.code.as_str()),
+        ("reverts", "SIMULATION_REVERTED")
+    );
+    p.stop().await;
+}
