@@ -45,9 +45,13 @@ struct Pipeline {
 
 impl Pipeline {
     async fn start(signers: usize) -> Pipeline {
+        Pipeline::start_with(signers, |_| {}).await
+    }
+
+    async fn start_with(signers: usize, customize: impl FnOnce(&mut Config)) -> Pipeline {
         let anvil = AnvilNode::spawn().await;
         let db = TestDb::new().await;
-        let config = Config {
+        let mut config = Config {
             database_url: db.url.clone(),
             kafka: kafka_settings(),
             schema_registry_url: registry_url().to_string(),
@@ -56,6 +60,7 @@ impl Pipeline {
             rpc_urls: vec![anvil.url.clone()],
             ..Config::default()
         };
+        customize(&mut config);
         ensure_topics(&config.kafka, &config.topics.all(), config.partitions)
             .await
             .expect("topics");
@@ -72,7 +77,7 @@ impl Pipeline {
         let lease = LeaseConfig::default();
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
-        let a = txflow_allocator::runtime(&config, NodeId::named("alloc-1"), lease)
+        let (a, c) = txflow_allocator::runtimes(&config, NodeId::named("alloc-1"), lease)
             .await
             .expect("allocator");
         let s = txflow_signer_gateway::runtime(
@@ -86,7 +91,15 @@ impl Pipeline {
         let b = txflow_broadcaster::runtime(&config, NodeId::named("bcast-1"), lease)
             .await
             .expect("broadcaster");
-        let (t1, t2, t3) = (shutdown.clone(), shutdown.clone(), shutdown.clone());
+        let (t1, t2, t3, t4) = (
+            shutdown.clone(),
+            shutdown.clone(),
+            shutdown.clone(),
+            shutdown.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            c.run(t4).await.expect("allocator commands run")
+        }));
         tasks.push(tokio::spawn(async move {
             a.run(t1).await.expect("allocator runs")
         }));
@@ -403,6 +416,128 @@ async fn a_reverting_call_fails_with_its_reason_holds_no_nonce_and_later_request
     assert_eq!(
         (failed.request_id.as_str(), failed.code.as_str()),
         ("reverts", "SIMULATION_REVERTED")
+    );
+    p.stop().await;
+}
+
+async fn state_of(p: &Pipeline, request_id: &str) -> Option<(String, String)> {
+    sqlx::query_as("SELECT state, tx_id::text FROM managed_tx WHERE request_id = $1")
+        .bind(request_id)
+        .fetch_optional(&p.db.pool)
+        .await
+        .expect("query")
+}
+
+async fn command(p: &Pipeline, tx_id: &str, kind: txflow_core::events::TxCommandKind) {
+    let c = txflow_core::events::TxCommand {
+        event_id: uuid::Uuid::new_v4().to_string(),
+        tx_id: tx_id.to_string(),
+        chain_id: 31337,
+        signer: p.signer(0),
+        command: kind,
+        requested_by: "ops@example.com".into(),
+        reason: None,
+    };
+    let topic = p.config.topics.tx_commands();
+    let bytes = p
+        .codec
+        .encode(&topic, Subjects::TopicName, &c)
+        .await
+        .expect("encode");
+    p.producer
+        .send(
+            FutureRecord::to(&topic)
+                .key(&signer_key(31337, &p.signer(0)))
+                .payload(&bytes),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap_or_else(|(e, _)| panic!("produce: {e}"));
+}
+
+#[tokio::test]
+async fn above_the_threshold_a_request_waits_for_approval_without_blocking_later_ones() {
+    use txflow_core::events::TxCommandKind;
+    let p =
+        Pipeline::start_with(1, |c| c.policy_approval_threshold_wei = Some("1000".into())).await;
+    let mut big = p.request(0, "big");
+    big.value = "5000".into();
+    p.send(&big).await;
+    let mut other_big = p.request(0, "big-cancelled");
+    other_big.value = "7000".into();
+    p.send(&other_big).await;
+    for i in 0..3 {
+        p.send(&p.request(0, &format!("small-{i}"))).await;
+    }
+    wait_until(
+        "the small requests mine while the big ones wait",
+        LONG,
+        || async { p.mined_count().await >= 3 },
+    )
+    .await;
+    let (state, big_id) = state_of(&p, "big").await.expect("big is recorded");
+    assert_eq!(state, "PENDING_APPROVAL");
+    let (state, cancelled_id) = state_of(&p, "big-cancelled").await.expect("recorded");
+    assert_eq!(state, "PENDING_APPROVAL");
+    assert_eq!(
+        p.count(
+            "SELECT count(*) FROM managed_tx WHERE state = 'PENDING_APPROVAL' AND nonce IS NOT NULL"
+        )
+        .await,
+        0,
+        "a waiting request holds no nonce"
+    );
+
+    command(&p, &big_id, TxCommandKind::Approve).await;
+    command(&p, &cancelled_id, TxCommandKind::Cancel).await;
+    wait_until("the approved request is mined", LONG, || async {
+        p.mined_count().await >= 4
+    })
+    .await;
+    wait_until("the cancelled request is failed", LONG, || async {
+        state_of(&p, "big-cancelled")
+            .await
+            .is_some_and(|(s, _)| s == "FAILED")
+    })
+    .await;
+    let markers = p.mined_markers().await;
+    assert_eq!(markers.get("txflow:big"), Some(&1));
+    assert!(!markers.contains_key("txflow:big-cancelled"));
+    let code: Option<String> = sqlx::query_scalar(
+        "SELECT failure_code FROM managed_tx WHERE request_id = 'big-cancelled'",
+    )
+    .fetch_one(&p.db.pool)
+    .await
+    .expect("code");
+    assert_eq!(code.as_deref(), Some("CANCELLED"));
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn policy_refuses_destinations_off_the_whitelist_and_values_above_the_limit() {
+    let p = Pipeline::start_with(1, |c| {
+        c.policy_whitelist = vec![SINK.into()];
+        c.policy_max_value_wei = Some("100".into());
+    })
+    .await;
+    let mut elsewhere = p.request(0, "elsewhere");
+    elsewhere.to = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".into();
+    p.send(&elsewhere).await;
+    let mut too_much = p.request(0, "too-much");
+    too_much.value = "101".into();
+    p.send(&too_much).await;
+    p.send(&p.request(0, "fine")).await;
+    wait_until("the allowed request is mined", LONG, || async {
+        p.mined_count().await >= 1
+    })
+    .await;
+    wait_until("both refused requests are failed", LONG, || async {
+        p.count("SELECT count(*) FROM managed_tx WHERE state = 'FAILED' AND failure_code = 'POLICY_DENIED' AND nonce IS NULL").await == 2
+    })
+    .await;
+    assert_eq!(
+        p.mined_markers().await.keys().collect::<Vec<_>>(),
+        ["txflow:fine"]
     );
     p.stop().await;
 }

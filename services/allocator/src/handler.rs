@@ -18,6 +18,7 @@ use txflow_core::retry::Classify;
 use txflow_core::role::Role;
 use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
 
+use crate::policy::{Policy, Verdict};
 use crate::validate::{ValidRequest, validate};
 
 /// What `managed_tx.payload` holds for a request.
@@ -46,6 +47,7 @@ impl Payload {
 
 pub struct RequestStage {
     pub topics: Topics,
+    pub policy: Policy,
     pub chain: Chain,
     pub chain_id: ChainId,
     /// `nonce.state_timeout`: align with the chain's pending nonce when the cursor is older.
@@ -226,6 +228,28 @@ impl RequestStage {
         let mut tx = ctx.lease.begin(ctx.pool).await?;
         for ((tx_id, request_id, _), result) in rows.iter().zip(results) {
             let (mut p, sim) = result?;
+            let to: Address = p.to.parse().map_err(|e| transient("to", e))?;
+            let value = U256::from_str_radix(&p.value, 10).map_err(|e| transient("value", e))?;
+            let verdict = self.policy.check(to, value);
+            if let Verdict::Deny(reason) = &verdict {
+                outputs.extend(
+                    self.fail(
+                        &mut tx.writer(),
+                        &key,
+                        *tx_id,
+                        request_id,
+                        "POLICY_DENIED",
+                        reason,
+                    )
+                    .await?,
+                );
+                continue;
+            }
+            let next_state = if verdict == Verdict::NeedsApproval {
+                "PENDING_APPROVAL"
+            } else {
+                "SIMULATED"
+            };
             match sim {
                 Err(e) if e.is_transient() => return Err(transient("eth_estimateGas", e)),
                 Err(e) => {
@@ -259,13 +283,14 @@ impl RequestStage {
                     // Keep the requested limit; otherwise the estimate plus 20%.
                     p.gas_limit = Some(p.gas_limit.unwrap_or(gas + gas / 5));
                     let payload = serde_json::to_value(&p).map_err(|e| transient("payload", e))?;
+                    // A request that needs approval waits without a nonce, so it blocks nobody.
                     let sql = format!(
-                        "UPDATE managed_tx SET state = 'SIMULATED', payload = $7, fencing_token = $5, updated_at = now()
+                        "UPDATE managed_tx SET state = $8, payload = $7, fencing_token = $5, updated_at = now()
                          WHERE tx_id = $6 AND state = 'RECEIVED' AND {FENCE_PREDICATE} RETURNING tx_id"
                     );
                     tx.writer()
                         .fetch_all::<(uuid::Uuid,)>("simulated", &sql, |q| {
-                            q.bind(*tx_id).bind(payload)
+                            q.bind(*tx_id).bind(payload).bind(next_state)
                         })
                         .await?;
                 }
@@ -275,7 +300,7 @@ impl RequestStage {
         Ok(outputs)
     }
 
-    async fn fail(
+    pub(crate) async fn fail(
         &self,
         w: &mut Fenced<'_>,
         key: &str,

@@ -1,12 +1,15 @@
 //! The allocator role: validates requests, records them (RECEIVED), simulates them (SIMULATED or
 //! FAILED with the revert reason) and allocates nonces (ALLOCATED). Runs on the stage runtime.
-//!
-//! Not built yet: the destination whitelist and value limits, PENDING_APPROVAL and the
-//! approve/cancel commands (issue #5).
+//! Policy (whitelist, value limit, approval threshold → PENDING_APPROVAL) is checked after
+//! simulation; approve/cancel commands arrive on `tx.commands` and run on a second stage runtime
+//! under the same role and node.
 
+pub mod commands;
 pub mod handler;
+pub mod policy;
 pub mod validate;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -18,48 +21,68 @@ use txflow_core::lease::{LeaseConfig, LeaseManager};
 use txflow_core::role::{Role, RoleError};
 use txflow_core::stage::{StageConfig, StageRuntime};
 
+pub use commands::CommandStage;
 pub use handler::RequestStage;
+pub use policy::Policy;
 
-/// The allocator's stage runtime for `config`.
-pub async fn runtime(
+/// The allocator's two stage runtimes for `config`: requests and commands.
+pub async fn runtimes(
     config: &Config,
     node: NodeId,
     lease: LeaseConfig,
-) -> Result<StageRuntime<RequestStage>, RoleError> {
+) -> Result<(StageRuntime<Arc<RequestStage>>, StageRuntime<CommandStage>), RoleError> {
     let pool = txflow_core::db::connect(&config.database_url, 8).await?;
     let url = config
         .rpc_urls
         .first()
         .ok_or_else(|| RoleError::Config("TXFLOW_RPC_URLS is empty".into()))?;
     let chain = Chain::connect(url, config.chain_id as u64)?;
-    let stage = RequestStage {
+    let stage = Arc::new(RequestStage {
         topics: config.topics.clone(),
+        policy: Policy::from_config(config)?,
         chain,
         chain_id: ChainId(config.chain_id),
         nonce_state_timeout: Duration::from_secs(30),
+    });
+    let codec = RegistryCodec::new(&config.schema_registry_url);
+    let stage_config = |group: &str| {
+        let mut sc = StageConfig::new(
+            format!("{}.{group}", config.topics.prefix),
+            config.topics.dlq(),
+        );
+        sc.lease = lease;
+        sc.partitions = config.partitions;
+        sc.topics = config.topics.all();
+        sc
     };
-    let leases = LeaseManager::new(pool.clone(), Role::Allocator, node, lease)?;
-    let mut sc = StageConfig::new(
-        format!("{}.allocator", config.topics.prefix),
-        config.topics.dlq(),
-    );
-    sc.lease = lease;
-    sc.partitions = config.partitions;
-    sc.topics = config.topics.all();
-    Ok(StageRuntime::new(
-        stage,
-        pool,
-        RegistryCodec::new(&config.schema_registry_url),
+    let requests = StageRuntime::new(
+        stage.clone(),
+        pool.clone(),
+        codec.clone(),
         config.kafka.clone(),
-        leases,
-        sc,
-    ))
+        LeaseManager::new(pool.clone(), Role::Allocator, node.clone(), lease)?,
+        stage_config("allocator"),
+    );
+    let commands = StageRuntime::new(
+        CommandStage { requests: stage },
+        pool.clone(),
+        codec,
+        config.kafka.clone(),
+        LeaseManager::new(pool, Role::Allocator, node, lease)?,
+        stage_config("allocator.commands"),
+    );
+    Ok((requests, commands))
 }
 
 /// Runs the role until `shutdown`.
 pub async fn run_until(config: &Config, shutdown: CancellationToken) -> Result<(), RoleError> {
-    let rt = runtime(config, NodeId::generate(), LeaseConfig::default()).await?;
-    rt.run(shutdown).await?;
+    let (requests, commands) = runtimes(config, NodeId::generate(), LeaseConfig::default()).await?;
+    let (a, b) = tokio::join!(
+        requests.run(shutdown.child_token()),
+        commands.run(shutdown.child_token())
+    );
+    a?;
+    b?;
     Ok(())
 }
 

@@ -26,6 +26,12 @@ pub struct Config {
     /// `TXFLOW_SIGNER_KEYS`: comma-separated hex private keys for the local signer. A secret:
     /// never printed (its `Debug` is redacted).
     pub signer_keys: Secret,
+    /// `TXFLOW_POLICY_WHITELIST`: comma-separated destination addresses; empty allows any.
+    pub policy_whitelist: Vec<String>,
+    /// `TXFLOW_POLICY_MAX_VALUE_WEI`: refuse transactions above this value (decimal wei).
+    pub policy_max_value_wei: Option<String>,
+    /// `TXFLOW_POLICY_APPROVAL_THRESHOLD_WEI`: at or above this value, wait for an approval.
+    pub policy_approval_threshold_wei: Option<String>,
 }
 
 /// A secret value whose `Debug` never shows it.
@@ -79,6 +85,9 @@ impl Default for Config {
             rpc_urls: vec!["http://127.0.0.1:8545".into()],
             chain_id: 31337,
             signer_keys: Secret::default(),
+            policy_whitelist: Vec::new(),
+            policy_max_value_wei: None,
+            policy_approval_threshold_wei: None,
         }
     }
 }
@@ -154,6 +163,16 @@ impl Config {
         if let Some(v) = lookup("TXFLOW_SIGNER_KEYS") {
             c.signer_keys = Secret::new(v);
         }
+        if let Some(v) = lookup("TXFLOW_POLICY_WHITELIST") {
+            c.policy_whitelist = v
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+        }
+        c.policy_max_value_wei = lookup("TXFLOW_POLICY_MAX_VALUE_WEI").or(c.policy_max_value_wei);
+        c.policy_approval_threshold_wei =
+            lookup("TXFLOW_POLICY_APPROVAL_THRESHOLD_WEI").or(c.policy_approval_threshold_wei);
         Ok(c)
     }
 }

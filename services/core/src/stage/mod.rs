@@ -197,6 +197,39 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<Output>, HandlerError>> + Send;
 }
 
+/// A shared handler (e.g. one stage state used by two runtimes) is a handler.
+impl<H: Handler> Handler for Arc<H> {
+    type Input = H::Input;
+    fn role(&self) -> Role {
+        (**self).role()
+    }
+    fn input_topic(&self) -> String {
+        (**self).input_topic()
+    }
+    fn route(&self, input: &Self::Input) -> Result<(ChainId, Signer), Rejection> {
+        (**self).route(input)
+    }
+    fn handle(
+        &self,
+        w: &mut Fenced<'_>,
+        input: &Self::Input,
+    ) -> impl Future<Output = Result<Vec<Output>, HandlerError>> + Send {
+        (**self).handle(w, input)
+    }
+    fn pending_signers(
+        &self,
+        pool: &PgPool,
+    ) -> impl Future<Output = Result<Vec<(ChainId, Signer)>, sqlx::Error>> + Send {
+        (**self).pending_signers(pool)
+    }
+    fn drive(
+        &self,
+        ctx: DriveCtx<'_>,
+    ) -> impl Future<Output = Result<Vec<Output>, HandlerError>> + Send {
+        (**self).drive(ctx)
+    }
+}
+
 /// Settings of one stage instance.
 #[derive(Debug, Clone)]
 pub struct StageConfig {
