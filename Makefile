@@ -1,5 +1,9 @@
-# The two commands of the README. Both install and start what they need.
-.PHONY: up test stop
+# The two commands of the README are `make demo` and `make test`.
+.PHONY: demo up test stop
+
+# Install and start the local infrastructure and run the demo (`txflow demo`).
+demo:
+	bash deploy/local/demo.sh
 
 # Install and start the local infrastructure and run every role in one process (`txflow up`).
 up:
@@ -9,6 +13,6 @@ up:
 test:
 	bash deploy/local/test.sh
 
-# Stop the local services that `make up` or `make test` started.
+# Stop the local services that `make demo`, `make up` or `make test` started.
 stop:
 	bash deploy/local/stop.sh

@@ -38,6 +38,9 @@ pub struct BenchArgs {
     /// Print one JSON object as the last line.
     #[arg(long)]
     json: bool,
+    /// Give up waiting for the chain after this many seconds (pipeline).
+    #[arg(long, default_value_t = 600)]
+    deadline_secs: u64,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,11 +53,7 @@ enum Scenario {
 
 pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     match args.scenario {
-        Scenario::Pipeline => {
-            anyhow::bail!(
-                "the pipeline benchmark needs the allocator, signer gateway and broadcaster (issue #5)"
-            )
-        }
+        Scenario::Pipeline => pipeline(config, &args).await,
         Scenario::BrokerHop => broker_hop(config, &args).await,
         Scenario::Stage => {
             crate::bench_stage::run(
@@ -204,5 +203,143 @@ async fn broker_hop(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         });
         println!("{report}");
     }
+    Ok(())
+}
+
+/// N signers × M requests through allocator → signer gateway → broadcaster, each request with a
+/// unique marker in its calldata, until every one is mined (or the deadline passes).
+async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+    use std::collections::HashMap;
+    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let mut config = config.clone();
+    config.topics =
+        txflow_core::kafka::Topics::new(format!("{}.bench-{run}", config.topics.prefix));
+    let (signers, txs) = (args.signers.max(1) as usize, args.txs.max(1) as usize);
+    let total = signers * txs;
+    eprintln!(
+        "bench: {signers} signer(s) x {txs} request(s) = {total}, topics {}.*",
+        config.topics.prefix
+    );
+    let p = crate::local::LocalPipeline::start(config.clone(), signers).await?;
+
+    let bar = indicatif::ProgressBar::new(total as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} mined {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    // Warm up: one request per signer, mined, so that group joins and first metadata lookups are
+    // not measured.
+    bar.set_message("(warming up: one request per signer)");
+    let warmups: Vec<_> = (0..signers)
+        .map(|i| p.request(i, &format!("{run}-warmup-{i}"), crate::local::SINK, "1"))
+        .collect();
+    for r in futures::future::join_all(warmups.iter().map(|r| p.send(r))).await {
+        r?;
+    }
+    let warm_deadline = Instant::now() + Duration::from_secs(120);
+    while p.mined().await? < signers as u64 {
+        anyhow::ensure!(
+            Instant::now() < warm_deadline,
+            "the warm-up requests were not mined within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let warm = signers as u64;
+    let mut sent_at: HashMap<String, i64> = HashMap::with_capacity(total);
+    let requests: Vec<_> = (0..txs)
+        .flat_map(|j| (0..signers).map(move |i| (i, j)))
+        .map(|(i, j)| p.request(i, &format!("{run}-{i}-{j}"), crate::local::SINK, "1"))
+        .collect();
+    let started = Instant::now();
+    for chunk in requests.chunks(200) {
+        let now = chrono::Utc::now().timestamp_millis();
+        for r in chunk {
+            sent_at.insert(r.request_id.clone(), now);
+        }
+        for r in futures::future::join_all(chunk.iter().map(|r| p.send(r))).await {
+            r?;
+        }
+    }
+    bar.set_message(format!(
+        "(all {total} sent in {:.1} s)",
+        started.elapsed().as_secs_f64()
+    ));
+    let deadline = started + Duration::from_secs(args.deadline_secs);
+    let mut mined = 0;
+    while mined < total as u64 && Instant::now() < deadline {
+        mined = p.mined().await?.saturating_sub(warm);
+        bar.set_position(mined);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let elapsed = started.elapsed();
+    bar.finish();
+
+    let markers = p.mined_markers().await?;
+    let warmup = format!("txflow:{run}-warmup-");
+    let ours: Vec<(&String, &usize)> = markers
+        .iter()
+        .filter(|(m, _)| m.starts_with(&format!("txflow:{run}-")) && !m.starts_with(&warmup))
+        .collect();
+    let distinct = ours.len();
+    let duplicates: usize = ours.iter().map(|(_, c)| **c - 1).sum();
+    let unmined = total - distinct.min(total);
+    let pool = txflow_core::db::connect(&config.database_url, 2).await?;
+    let submitted: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT m.request_id, (extract(epoch FROM e.created_at) * 1000)::bigint FROM managed_tx m
+         JOIN tx_events e ON e.tx_id = m.tx_id AND e.type = 'TxSubmitted'
+         WHERE m.request_id LIKE $1 AND m.request_id NOT LIKE '%-warmup-%'",
+    )
+    .bind(format!("{run}-%"))
+    .fetch_all(&pool)
+    .await?;
+    let mut lat: Vec<f64> = submitted
+        .iter()
+        .filter_map(|(id, at)| sent_at.get(id).map(|s| (*at - *s).max(0) as f64))
+        .collect();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let pct = |q: f64| {
+        lat.get(((lat.len().max(1) - 1) as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let tx_per_s = distinct as f64 / elapsed.as_secs_f64();
+    p.stop().await?;
+    delete_topics(&config.kafka, &config.topics.all()).await?;
+
+    println!("requests   {total}");
+    println!("mined      {distinct} (duplicates {duplicates}, unmined {unmined})");
+    println!(
+        "time       {:.1} s  ({tx_per_s:.0} tx/s)",
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "request -> SUBMITTED  p50 {:.0} ms  p95 {:.0} ms  p99 {:.0} ms",
+        pct(0.5),
+        pct(0.95),
+        pct(0.99)
+    );
+    if args.json {
+        let report = serde_json::json!({
+            "scenario": "pipeline",
+            "signers": signers,
+            "txs_per_signer": txs,
+            "requests": total,
+            "mined": distinct,
+            "duplicates": duplicates,
+            "unmined": unmined,
+            "seconds": elapsed.as_secs_f64(),
+            "tx_per_s": tx_per_s,
+            "p50_ms": pct(0.5),
+            "p95_ms": pct(0.95),
+            "p99_ms": pct(0.99),
+        });
+        println!("{report}");
+    }
+    anyhow::ensure!(
+        duplicates == 0,
+        "{duplicates} duplicate transaction(s) were mined"
+    );
     Ok(())
 }

@@ -4,6 +4,8 @@
 
 mod bench;
 mod bench_stage;
+mod demo;
+mod local;
 mod up;
 
 use std::process::ExitCode;
@@ -139,7 +141,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Replay => anyhow::bail!("txflow replay is not implemented yet (no issue filed)"),
         Command::Bench(args) => bench::run(&config, args).await,
-        Command::Demo => anyhow::bail!("txflow demo is not implemented yet (tracked by issue #5)"),
+        Command::Demo => demo::run(&config).await,
     }
 }
 

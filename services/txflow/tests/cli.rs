@@ -163,3 +163,41 @@ async fn up_once_migrates_creates_topics_registers_schemas_and_reports_every_rol
         "{subjects:?}"
     );
 }
+
+#[tokio::test]
+async fn the_demo_runs_end_to_end_and_reports_every_signer() {
+    let db = TestDb::empty().await;
+    let anvil = txflow_tests::AnvilNode::spawn().await;
+    let services = txflow_tests::services();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_txflow"))
+        .arg("demo")
+        .env("TXFLOW_DATABASE_URL", &db.url)
+        .env("TXFLOW_BROKERS", &services.brokers)
+        .env("TXFLOW_SCHEMA_REGISTRY_URL", &services.registry_url)
+        .env("TXFLOW_RPC_URLS", &anvil.url)
+        .env("TXFLOW_TOPIC_PREFIX", txflow_tests::unique("demo"))
+        .env("TXFLOW_PARTITIONS", "4")
+        .env("TXFLOW_LOG", "warn")
+        .output()
+        .await
+        .expect("run txflow demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("0 duplicates"), "{stdout}");
+    assert!(
+        stdout.contains("301 markers"),
+        "300 requests and the approved one are mined:\n{stdout}"
+    );
+    assert!(stdout.contains("SIMULATION_REVERTED"), "{stdout}");
+    // The chain agrees: 301 transactions from the demo's signers, nothing left in the pool.
+    let mined: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM managed_tx WHERE state = 'SUBMITTED'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count");
+    assert_eq!(mined, 301);
+}

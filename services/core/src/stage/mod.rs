@@ -43,6 +43,9 @@ use crate::retry::{Classify, Retry};
 use crate::role::Role;
 use crate::telemetry;
 
+/// How many signers' `drive` run at once.
+const DRIVE_CONCURRENCY: usize = 16;
+
 /// A message for the output topics, encoded by the runtime after the commit.
 pub struct Output {
     pub topic: String,
@@ -726,11 +729,9 @@ impl<H: Handler> StageRuntime<H> {
 
         // External calls and follow-ups for the signers whose work committed.
         if committed {
-            for signer in &kept_signers {
-                if let Some(lease) = leases.get(signer) {
-                    self.drive(producer, lease, false).await;
-                }
-            }
+            let to_drive: Vec<&HeldLease> =
+                kept_signers.iter().filter_map(|s| leases.get(s)).collect();
+            self.drive_all(producer, &to_drive, false).await;
         }
         telemetry::BatchCommitted {
             role: self.handler.role(),
@@ -837,9 +838,21 @@ impl<H: Handler> StageRuntime<H> {
         }
         tracing::info!(role = %self.handler.role(), signers = mine.len(), "recovery scan");
         let leases = self.leases_for(mine).await;
-        for lease in leases.values() {
-            self.drive(producer, lease, true).await;
+        let to_drive: Vec<&HeldLease> = leases.values().collect();
+        self.drive_all(producer, &to_drive, true).await;
+    }
+
+    /// Drives several signers at once (each signer's own work stays sequential).
+    async fn drive_all(&self, producer: &FutureProducer, leases: &[&HeldLease], recovery: bool) {
+        use futures::StreamExt;
+        let mut drives = Vec::with_capacity(leases.len());
+        for lease in leases {
+            drives.push(self.drive(producer, lease, recovery));
         }
+        futures::stream::iter(drives)
+            .buffer_unordered(DRIVE_CONCURRENCY)
+            .collect::<Vec<()>>()
+            .await;
     }
 
     async fn drive(&self, producer: &FutureProducer, lease: &HeldLease, recovery: bool) {

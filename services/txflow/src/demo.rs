@@ -1,0 +1,175 @@
+//! `txflow demo`: the pipeline end to end on the local infrastructure. A few hundred requests from
+//! several signers; one above the approval threshold (approved by the demo once the rest is
+//! mined), one that reverts in simulation. Ends with a table of outcomes per signer.
+
+use std::time::{Duration, Instant};
+
+use alloy::network::TransactionBuilder;
+use alloy::providers::Provider;
+use txflow_core::config::Config;
+use txflow_core::events::{TxCommand, TxCommandKind};
+use txflow_core::kafka::{Topics, delete_topics};
+
+use crate::local::{LocalPipeline, SINK};
+
+const SIGNERS: usize = 5;
+const PER_SIGNER: usize = 60;
+const ONE_ETH: &str = "1000000000000000000";
+
+pub async fn run(config: &Config) -> anyhow::Result<()> {
+    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let mut config = config.clone();
+    config.topics = Topics::new(format!("{}.demo-{run}", config.topics.prefix));
+    config.policy_approval_threshold_wei = Some(ONE_ETH.into());
+    println!(
+        "txflow demo: {SIGNERS} signers x {PER_SIGNER} requests, approval threshold 1 ETH, topics {}.*",
+        config.topics.prefix
+    );
+    let p = LocalPipeline::start(config.clone(), SIGNERS).await?;
+
+    // A contract that always reverts (PUSH1 0 PUSH1 0 REVERT), to show a failed simulation.
+    let accounts = p.provider.get_accounts().await?;
+    let deployer = accounts
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("the chain has no unlocked account to deploy with"))?;
+    let init = hex::decode("6460006000fd6000526005601bf3")?;
+    let deploy = alloy::rpc::types::TransactionRequest::default()
+        .from(*deployer)
+        .with_deploy_code(init);
+    let receipt = p
+        .provider
+        .send_transaction(deploy)
+        .await?
+        .get_receipt()
+        .await?;
+    let reverter = receipt
+        .contract_address
+        .ok_or_else(|| anyhow::anyhow!("the reverting contract was not created"))?;
+
+    let mut requests = Vec::new();
+    for i in 0..SIGNERS {
+        for j in 0..PER_SIGNER {
+            requests.push(p.request(i, &format!("demo-{run}-{i}-{j}"), SINK, "1000"));
+        }
+    }
+    let big = p.request(0, &format!("demo-{run}-big"), SINK, "2000000000000000000");
+    let reverting = p.request(
+        1,
+        &format!("demo-{run}-reverts"),
+        &format!("{reverter:#x}"),
+        "0",
+    );
+    requests.insert(10, big.clone());
+    requests.insert(20, reverting.clone());
+    let started = Instant::now();
+    for chunk in requests.chunks(100) {
+        for r in futures::future::join_all(chunk.iter().map(|r| p.send(r))).await {
+            r?;
+        }
+    }
+    let expected_mined = (SIGNERS * PER_SIGNER) as u64;
+    let bar = indicatif::ProgressBar::new(expected_mined + 1);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} mined {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let deadline = started + Duration::from_secs(300);
+    bar.set_message("(the 2 ETH request waits for approval)");
+    while p.mined().await? < expected_mined {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "not everything was mined within 300 s"
+        );
+        bar.set_position(p.mined().await?);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bar.set_position(expected_mined);
+
+    // Approve the big one, as an operator would.
+    let pool = txflow_core::db::connect(&config.database_url, 2).await?;
+    let (tx_id,): (String,) =
+        sqlx::query_as("SELECT tx_id::text FROM managed_tx WHERE request_id = $1")
+            .bind(&big.request_id)
+            .fetch_one(&pool)
+            .await?;
+    bar.set_message(format!("(approving {tx_id})"));
+    p.command(&TxCommand {
+        event_id: uuid::Uuid::new_v4().to_string(),
+        tx_id,
+        chain_id: config.chain_id,
+        signer: p.signer(0),
+        command: TxCommandKind::Approve,
+        requested_by: "txflow demo".into(),
+        reason: Some("demonstration".into()),
+    })
+    .await?;
+    while p.mined().await? < expected_mined + 1 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the approved request was not mined within 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bar.set_position(expected_mined + 1);
+    bar.finish_with_message(format!("in {:.1} s", started.elapsed().as_secs_f64()));
+
+    // Outcomes per signer, from PostgreSQL, next to what the chain says.
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT signer, state, count(*) FROM managed_tx WHERE request_id LIKE $1 GROUP BY signer, state ORDER BY signer, state",
+    )
+    .bind(format!("demo-{run}-%"))
+    .fetch_all(&pool)
+    .await?;
+    println!(
+        "\n{:<44} {:>9} {:>7} {:>11}",
+        "signer", "submitted", "failed", "on chain"
+    );
+    for i in 0..SIGNERS {
+        let s = p.signer(i);
+        let count = |state: &str| {
+            rows.iter()
+                .filter(|r| r.0 == s && r.1 == state)
+                .map(|r| r.2)
+                .sum::<i64>()
+        };
+        let on_chain = p
+            .provider
+            .get_transaction_count(p.signers[i].address())
+            .latest()
+            .await?;
+        println!(
+            "{s:<44} {:>9} {:>7} {:>11}",
+            count("SUBMITTED"),
+            count("FAILED"),
+            on_chain
+        );
+    }
+    let failures: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT request_id, failure_code, failure_reason FROM managed_tx WHERE request_id LIKE $1 AND state = 'FAILED'",
+    )
+    .bind(format!("demo-{run}-%"))
+    .fetch_all(&pool)
+    .await?;
+    for (id, code, reason) in failures {
+        println!(
+            "failed: {id}: {} ({})",
+            code.unwrap_or_default(),
+            reason.unwrap_or_default()
+        );
+    }
+    let markers = p.mined_markers().await?;
+    let duplicates: usize = markers.values().map(|c| c - 1).sum();
+    println!(
+        "\nmined transactions per request marker: {} markers, {duplicates} duplicates",
+        markers.len()
+    );
+    println!(
+        "\nwhere to look next:\n  psql {} -c \"SELECT state, count(*) FROM managed_tx GROUP BY state\"\n  topics {}.tx.* and {}.dlq on {}\n  txflow bench --signers 50 --txs 40   (throughput and latency)",
+        config.database_url, config.topics.prefix, config.topics.prefix, config.kafka.brokers
+    );
+    p.stop().await?;
+    delete_topics(&config.kafka, &config.topics.all()).await?;
+    Ok(())
+}
