@@ -156,16 +156,7 @@ impl Handler for RequestStage {
     }
 
     async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-        let rows: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT DISTINCT chain_id, signer FROM managed_tx WHERE chain_id = $1 AND state IN ('RECEIVED', 'SIMULATED')",
-        )
-        .bind(self.chain_id.0)
-        .fetch_all(pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
-            .collect())
+        txflow_core::stage::signers_in_states(pool, self.chain_id, &["RECEIVED", "SIMULATED"]).await
     }
 
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {

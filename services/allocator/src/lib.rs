@@ -45,16 +45,7 @@ pub async fn runtimes(
         nonce_state_timeout: Duration::from_secs(30),
     });
     let codec = RegistryCodec::new(&config.schema_registry_url);
-    let stage_config = |group: &str| {
-        let mut sc = StageConfig::new(
-            format!("{}.{group}", config.topics.prefix),
-            config.topics.dlq(),
-        );
-        sc.lease = lease;
-        sc.partitions = config.partitions;
-        sc.topics = config.topics.all();
-        sc
-    };
+    let stage_config = |group: &str| StageConfig::for_pipeline(config, group, lease);
     let requests = StageRuntime::new(
         stage.clone(),
         pool.clone(),
@@ -88,15 +79,5 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> Result<(
 
 /// Runs the role until Ctrl-C.
 pub async fn run(config: &Config) -> Result<(), RoleError> {
-    run_until(config, ctrl_c()).await
-}
-
-fn ctrl_c() -> CancellationToken {
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        t.cancel();
-    });
-    token
+    run_until(config, txflow_core::stage::ctrl_c_token()).await
 }

@@ -62,15 +62,7 @@ impl Handler for BroadcastStage {
     }
 
     async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-        let rows: Vec<(i64, String)> =
-            sqlx::query_as("SELECT DISTINCT chain_id, signer FROM managed_tx WHERE chain_id = $1 AND state = 'SIGNED'")
-                .bind(self.chain_id.0)
-                .fetch_all(pool)
-                .await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
-            .collect())
+        txflow_core::stage::signers_in_states(pool, self.chain_id, &["SIGNED"]).await
     }
 
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
@@ -177,13 +169,7 @@ pub async fn runtime(
         .ok_or_else(|| RoleError::Config("TXFLOW_RPC_URLS is empty".into()))?;
     let chain = Chain::connect(url, config.chain_id as u64)?;
     let leases = LeaseManager::new(pool.clone(), Role::Broadcaster, node, lease)?;
-    let mut sc = StageConfig::new(
-        format!("{}.broadcaster", config.topics.prefix),
-        config.topics.dlq(),
-    );
-    sc.lease = lease;
-    sc.partitions = config.partitions;
-    sc.topics = config.topics.all();
+    let sc = StageConfig::for_pipeline(config, "broadcaster", lease);
     let stage = BroadcastStage {
         topics: config.topics.clone(),
         chain,
@@ -208,11 +194,5 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> Result<(
 
 /// Runs the role until Ctrl-C.
 pub async fn run(config: &Config) -> Result<(), RoleError> {
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        t.cancel();
-    });
-    run_until(config, token).await
+    run_until(config, txflow_core::stage::ctrl_c_token()).await
 }

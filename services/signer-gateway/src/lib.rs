@@ -224,13 +224,7 @@ pub async fn runtime(
 ) -> Result<StageRuntime<SignStage>, RoleError> {
     let pool = txflow_core::db::connect(&config.database_url, 8).await?;
     let leases = LeaseManager::new(pool.clone(), Role::SignerGateway, node, lease)?;
-    let mut sc = StageConfig::new(
-        format!("{}.signer-gateway", config.topics.prefix),
-        config.topics.dlq(),
-    );
-    sc.lease = lease;
-    sc.partitions = config.partitions;
-    sc.topics = config.topics.all();
+    let sc = StageConfig::for_pipeline(config, "signer-gateway", lease);
     let stage = SignStage {
         topics: config.topics.clone(),
         keys,
@@ -255,11 +249,5 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> Result<(
 
 /// Runs the role until Ctrl-C.
 pub async fn run(config: &Config) -> Result<(), RoleError> {
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        t.cancel();
-    });
-    run_until(config, token).await
+    run_until(config, txflow_core::stage::ctrl_c_token()).await
 }

@@ -268,6 +268,56 @@ impl StageConfig {
     }
 }
 
+impl StageConfig {
+    /// The settings of a pipeline stage from the service configuration: group
+    /// `{prefix}.{group}`, the pipeline's DLQ, partitions and topics.
+    pub fn for_pipeline(
+        config: &crate::config::Config,
+        group: &str,
+        lease: LeaseConfig,
+    ) -> StageConfig {
+        let mut sc = StageConfig::new(
+            format!("{}.{group}", config.topics.prefix),
+            config.topics.dlq(),
+        );
+        sc.lease = lease;
+        sc.partitions = config.partitions;
+        sc.topics = config.topics.all();
+        sc
+    }
+}
+
+/// The signers of `chain_id` with transactions in any of `states`: what most stages'
+/// [`Handler::pending_signers`] return.
+pub async fn signers_in_states(
+    pool: &PgPool,
+    chain_id: ChainId,
+    states: &[&str],
+) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT DISTINCT chain_id, signer FROM managed_tx WHERE chain_id = $1 AND state = ANY($2)",
+    )
+    .bind(chain_id.0)
+    .bind(states)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
+        .collect())
+}
+
+/// A token cancelled on Ctrl-C, for a role run from the command line.
+pub fn ctrl_c_token() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        t.cancel();
+    });
+    token
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
     #[error("kafka client")]
