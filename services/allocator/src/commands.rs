@@ -1,13 +1,15 @@
 //! Operator commands for the allocator on `tx.commands`: APPROVE moves a PENDING_APPROVAL
-//! transaction on to allocation; CANCEL fails a transaction that holds no nonce yet. Both are
+//! transaction on to allocation; CANCEL fails a transaction that is not signed yet (releasing its
+//! nonce if it had one). Both are
 //! idempotent compare-and-sets on the state; a command for a transaction in another state changes
 //! nothing. BUMP is the signer gateway's and is ignored here.
 
 use std::sync::Arc;
 
 use sqlx::PgPool;
+use txflow_core::codec::Subjects;
 use txflow_core::domain::{ChainId, Signer};
-use txflow_core::events::{TxCommand, TxCommandKind};
+use txflow_core::events::{TxCommand, TxCommandKind, TxFailed};
 use txflow_core::fenced::{FENCE_PREDICATE, Fenced};
 use txflow_core::kafka::signer_key;
 use txflow_core::role::Role;
@@ -17,6 +19,85 @@ use crate::handler::RequestStage;
 
 pub struct CommandStage {
     pub requests: Arc<RequestStage>,
+}
+
+impl CommandStage {
+    /// CANCEL of an ALLOCATED transaction (not signed yet): FAILED (CANCELLED) and its nonce
+    /// released, to be taken by the signer's next request or filled with a no-op. A transaction
+    /// already signed can no longer be cancelled this way.
+    async fn cancel_allocated(
+        &self,
+        w: &mut Fenced<'_>,
+        c: &TxCommand,
+        tx_id: uuid::Uuid,
+    ) -> Result<Vec<Output>, HandlerError> {
+        let lease = w.lease().clone();
+        let row: Vec<(String, i64)> = w
+            .read(
+                "cancel",
+                sqlx::query_as(
+                    "SELECT request_id, nonce FROM managed_tx WHERE tx_id = $1 AND chain_id = $2
+                       AND signer = $3 AND state = 'ALLOCATED' AND nonce IS NOT NULL FOR UPDATE",
+                )
+                .bind(tx_id)
+                .bind(lease.key().chain_id.0)
+                .bind(lease.key().signer.as_str().to_string()),
+            )
+            .await?;
+        let Some((request_id, nonce)) = row.into_iter().next() else {
+            tracing::info!(tx_id = %tx_id, "cancel: nothing to cancel in this state");
+            return Ok(Vec::new());
+        };
+        let reason = format!(
+            "cancelled by {}{}",
+            c.requested_by,
+            c.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        );
+        let failed = TxFailed {
+            event_id: uuid::Uuid::new_v4().to_string(),
+            tx_id: tx_id.to_string(),
+            request_id,
+            chain_id: lease.key().chain_id.0,
+            signer: lease.key().signer.as_str().to_string(),
+            code: "CANCELLED".into(),
+            reason: reason.chars().take(500).collect(),
+            nonce: Some(nonce),
+            nonce_released: true,
+            fencing_token: lease.token().0,
+        };
+        let event = serde_json::to_value(&failed)
+            .map_err(|e| HandlerError::transient("event".to_string(), e))?;
+        let event_id = uuid::Uuid::parse_str(&failed.event_id)
+            .map_err(|e| HandlerError::transient("event id".to_string(), e))?;
+        let sql = format!(
+            "WITH upd AS (
+                 UPDATE managed_tx SET state = 'FAILED', failure_code = 'CANCELLED', failure_reason = $7,
+                        nonce_released = true, fencing_token = $5, updated_at = now()
+                 WHERE tx_id = $6 AND state = 'ALLOCATED' AND {FENCE_PREDICATE}
+                 RETURNING tx_id)
+             INSERT INTO tx_events (event_id, tx_id, type, payload)
+             SELECT $8, tx_id, 'TxFailed', $9 FROM upd RETURNING tx_id"
+        );
+        w.fetch_one::<(uuid::Uuid,)>("cancel allocated", &sql, |q| {
+            q.bind(tx_id)
+                .bind(failed.reason.clone())
+                .bind(event_id)
+                .bind(event)
+        })
+        .await?;
+        w.release_nonce(nonce).await?;
+        tracing::info!(tx_id = %tx_id, nonce, by = %c.requested_by, "cancelled after allocation; nonce released");
+        let key = signer_key(c.chain_id, lease.key().signer.as_str());
+        Ok(vec![Output::new(
+            self.requests.topics.tx_outcomes(),
+            Subjects::TopicRecordName,
+            key,
+            failed,
+        )])
+    }
 }
 
 impl Handler for CommandStage {
@@ -71,8 +152,7 @@ impl Handler for CommandStage {
                     )
                     .await?;
                 let Some((request_id,)) = row.into_iter().next() else {
-                    tracing::info!(tx_id = %tx_id, "cancel: nothing to cancel in this state");
-                    return Ok(Vec::new());
+                    return self.cancel_allocated(w, c, tx_id).await;
                 };
                 let key = signer_key(c.chain_id, w.lease().key().signer.as_str());
                 let reason = format!(

@@ -6,11 +6,10 @@
 use std::time::Duration;
 
 use alloy::primitives::{Address, Bytes, U256};
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use txflow_core::chain::{Chain, Simulation};
 use txflow_core::codec::Subjects;
-use txflow_core::domain::{ChainId, Signer};
+use txflow_core::domain::{ChainId, Signer, TxPayload as Payload};
 use txflow_core::events::{TxAccepted, TxAllocated, TxFailed, TxRequest};
 use txflow_core::fenced::{FENCE_PREDICATE, Fenced};
 use txflow_core::kafka::{Topics, signer_key};
@@ -18,30 +17,18 @@ use txflow_core::retry::Classify;
 use txflow_core::role::Role;
 use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
 
-use crate::policy::{Policy, Verdict};
 use crate::validate::{ValidRequest, validate};
+use txflow_core::policy::{Policy, Verdict};
 
-/// What `managed_tx.payload` holds for a request.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Payload {
-    pub to: String,
-    pub value: String,
-    pub data: String,
-    pub gas_limit: Option<u64>,
-    pub max_fee_per_gas: Option<String>,
-    pub max_priority_fee_per_gas: Option<String>,
-}
-
-impl Payload {
-    fn of(v: &ValidRequest) -> Payload {
-        Payload {
-            to: format!("{:#x}", v.to),
-            value: v.value.to_string(),
-            data: format!("0x{}", hex::encode(&v.data)),
-            gas_limit: v.gas_limit,
-            max_fee_per_gas: v.max_fee_per_gas.map(|f| f.to_string()),
-            max_priority_fee_per_gas: v.max_priority_fee_per_gas.map(|f| f.to_string()),
-        }
+/// `managed_tx.payload` of a validated request.
+fn payload_of(v: &ValidRequest) -> Payload {
+    Payload {
+        to: format!("{:#x}", v.to),
+        value: v.value.to_string(),
+        data: format!("0x{}", hex::encode(&v.data)),
+        gas_limit: v.gas_limit,
+        max_fee_per_gas: v.max_fee_per_gas.map(|f| f.to_string()),
+        max_priority_fee_per_gas: v.max_priority_fee_per_gas.map(|f| f.to_string()),
     }
 }
 
@@ -101,7 +88,7 @@ impl Handler for RequestStage {
             fencing_token: w.lease().token().0,
             accepted_at_ms: chrono::Utc::now().timestamp_millis(),
         };
-        let payload = serde_json::to_value(Payload::of(&v)).map_err(|e| transient("payload", e))?;
+        let payload = serde_json::to_value(payload_of(&v)).map_err(|e| transient("payload", e))?;
         let event = serde_json::to_value(&accepted).map_err(|e| transient("event", e))?;
         let sql = format!(
             "WITH ins AS (
@@ -156,12 +143,34 @@ impl Handler for RequestStage {
     }
 
     async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-        txflow_core::stage::signers_in_states(pool, self.chain_id, &["RECEIVED", "SIMULATED"]).await
+        let mut signers = txflow_core::stage::signers_in_states(
+            pool,
+            self.chain_id,
+            &["RECEIVED", "SIMULATED", "REPLACED"],
+        )
+        .await?;
+        // Released nonces nobody has taken yet: filled by a no-op.
+        let released: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT DISTINCT chain_id, signer FROM recycled_nonces WHERE chain_id = $1",
+        )
+        .bind(self.chain_id.0)
+        .fetch_all(pool)
+        .await?;
+        for (chain_id, signer) in released {
+            if let Ok(s) = Signer::parse(&signer) {
+                let key = (ChainId(chain_id), s);
+                if !signers.contains(&key) {
+                    signers.push(key);
+                }
+            }
+        }
+        Ok(signers)
     }
 
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
         let mut outputs = self.simulate(&ctx).await?;
         outputs.extend(self.allocate(&ctx).await?);
+        outputs.extend(self.fill_released(&ctx).await?);
         Ok(outputs)
     }
 }
@@ -169,15 +178,15 @@ impl Handler for RequestStage {
 type Row = (uuid::Uuid, String, serde_json::Value);
 
 impl RequestStage {
-    async fn rows(&self, ctx: &DriveCtx<'_>, state: &str) -> Result<Vec<Row>, HandlerError> {
+    async fn rows(&self, ctx: &DriveCtx<'_>, states: &[&str]) -> Result<Vec<Row>, HandlerError> {
         let key = ctx.lease.key();
         sqlx::query_as(
             "SELECT tx_id, request_id, payload FROM managed_tx
-             WHERE chain_id = $1 AND signer = $2 AND state = $3 ORDER BY created_at, tx_id",
+             WHERE chain_id = $1 AND signer = $2 AND state = ANY($3) ORDER BY created_at, tx_id",
         )
         .bind(key.chain_id.0)
         .bind(key.signer.as_str())
-        .bind(state)
+        .bind(states)
         .fetch_all(ctx.pool)
         .await
         .map_err(|e| transient("list transactions", e))
@@ -185,7 +194,7 @@ impl RequestStage {
 
     /// RECEIVED → SIMULATED, or FAILED when the call would revert.
     async fn simulate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
-        let rows = self.rows(ctx, "RECEIVED").await?;
+        let rows = self.rows(ctx, &["RECEIVED"]).await?;
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -214,6 +223,22 @@ impl RequestStage {
             });
             results.extend(futures::future::join_all(calls).await);
         }
+        txflow_core::fault::point(txflow_core::fault::AFTER_CALL);
+        // A signer that cannot pay is held: its requests wait in RECEIVED (the recovery scan
+        // simulates them again), none fails, and the hold is the alert.
+        let broke = results.iter().find_map(|r| match r {
+            Ok((_, Ok(Simulation::InsufficientFunds { reason }))) => Some(reason.clone()),
+            _ => None,
+        });
+        if let Some(reason) = broke {
+            txflow_core::holds::hold(ctx.pool, ctx.lease.key(), &reason)
+                .await
+                .map_err(|e| transient("hold", e))?;
+            return Ok(Vec::new());
+        }
+        txflow_core::holds::resume(ctx.pool, ctx.lease.key())
+            .await
+            .map_err(|e| transient("resume", e))?;
         let key = signer_key(ctx.lease.key().chain_id.0, ctx.lease.key().signer.as_str());
         let mut outputs = Vec::new();
         let mut tx = ctx.lease.begin(ctx.pool).await?;
@@ -257,6 +282,7 @@ impl RequestStage {
                         .await?,
                     );
                 }
+                Ok(Simulation::InsufficientFunds { .. }) => {} // held above
                 Ok(Simulation::Reverts { reason }) => {
                     outputs.extend(
                         self.fail(
@@ -340,12 +366,102 @@ impl RequestStage {
         })
     }
 
+    /// Released nonces that no waiting request took (allocation runs first and takes them) are
+    /// filled with a 0-value self-transfer each, so that the signer's later nonces are not stuck
+    /// behind a gap.
+    async fn fill_released(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+        let lease = ctx.lease;
+        let released: Vec<(i64,)> = sqlx::query_as(
+            "SELECT nonce FROM recycled_nonces WHERE chain_id = $1 AND signer = $2 ORDER BY nonce",
+        )
+        .bind(lease.key().chain_id.0)
+        .bind(lease.key().signer.as_str())
+        .fetch_all(ctx.pool)
+        .await
+        .map_err(|e| transient("released nonces", e))?;
+        if released.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (max_fee, tip) = self.chain.fees().await.map_err(|e| transient("fees", e))?;
+        let signer = lease.key().signer.as_str().to_string();
+        let key = signer_key(lease.key().chain_id.0, &signer);
+        let mut tx = lease.begin(ctx.pool).await?;
+        let nonces = tx.allocate_nonces(released.len() as u32).await?;
+        let mut outputs = Vec::with_capacity(nonces.len());
+        for nonce in nonces {
+            let tx_id = uuid::Uuid::now_v7();
+            let request_id = format!("noop-{nonce}-{}", &tx_id.simple().to_string()[20..]);
+            let payload = Payload {
+                to: signer.clone(),
+                value: "0".into(),
+                data: "0x".into(),
+                gas_limit: Some(21_000),
+                max_fee_per_gas: Some(max_fee.to_string()),
+                max_priority_fee_per_gas: Some(tip.to_string()),
+            };
+            let allocated = TxAllocated {
+                event_id: uuid::Uuid::new_v4().to_string(),
+                tx_id: tx_id.to_string(),
+                request_id: request_id.clone(),
+                chain_id: lease.key().chain_id.0,
+                signer: signer.clone(),
+                nonce,
+                to: signer.clone(),
+                value: "0".into(),
+                data: Vec::new(),
+                gas_limit: 21_000,
+                max_fee_per_gas: max_fee.to_string(),
+                max_priority_fee_per_gas: tip.to_string(),
+                fencing_token: lease.token().0,
+            };
+            let payload = serde_json::to_value(&payload).map_err(|e| transient("payload", e))?;
+            let event = serde_json::to_value(&allocated).map_err(|e| transient("event", e))?;
+            let event_id = event_uuid(&allocated.event_id)?;
+            let sql = format!(
+                "WITH ins AS (
+                     INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, kind, nonce, payload, state, fencing_token)
+                     SELECT $6, $2, $3, $7, 'NOOP', $8, $9, 'ALLOCATED', $5 WHERE {FENCE_PREDICATE}
+                     RETURNING tx_id)
+                 INSERT INTO tx_events (event_id, tx_id, type, payload)
+                 SELECT $10, tx_id, 'TxAllocated', $11 FROM ins RETURNING tx_id"
+            );
+            tx.writer()
+                .fetch_one::<(uuid::Uuid,)>("fill released nonce", &sql, |q| {
+                    q.bind(tx_id)
+                        .bind(request_id)
+                        .bind(nonce)
+                        .bind(payload)
+                        .bind(event_id)
+                        .bind(event)
+                })
+                .await?;
+            tracing::info!(signer = %signer, nonce, tx_id = %tx_id, "released nonce filled with a no-op");
+            outputs.push(Output::new(
+                self.topics.tx_allocated(),
+                Subjects::TopicName,
+                key.clone(),
+                allocated,
+            ));
+        }
+        tx.commit().await?;
+        Ok(outputs)
+    }
+
     /// SIMULATED → ALLOCATED: nonces from the fenced cursor, in request order.
     async fn allocate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
-        let rows = self.rows(ctx, "SIMULATED").await?;
+        let rows = self.rows(ctx, &["SIMULATED", "REPLACED"]).await?;
         if rows.is_empty() {
             return Ok(Vec::new());
         }
+        // A transaction whose nonce was used outside txflow: the cursor is behind the chain.
+        let replaced: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND state = 'REPLACED'",
+        )
+        .bind(ctx.lease.key().chain_id.0)
+        .bind(ctx.lease.key().signer.as_str())
+        .fetch_one(ctx.pool)
+        .await
+        .map_err(|e| transient("replaced", e))?;
         let lease = ctx.lease;
         let address: Address = lease
             .key()
@@ -365,8 +481,8 @@ impl RequestStage {
         .await
         .map_err(|e| transient("cursor", e))?;
         let chain_nonce = match stale {
-            Some(_) => None,
-            None => Some(
+            Some(_) if replaced == 0 => None,
+            _ => Some(
                 self.chain
                     .pending_nonce(address)
                     .await
@@ -421,7 +537,7 @@ impl RequestStage {
                 "WITH upd AS (
                      UPDATE managed_tx SET state = 'ALLOCATED', nonce = $7, payload = $8, fencing_token = $5,
                             updated_at = now()
-                     WHERE tx_id = $6 AND state = 'SIMULATED' AND {FENCE_PREDICATE}
+                     WHERE tx_id = $6 AND state IN ('SIMULATED', 'REPLACED') AND {FENCE_PREDICATE}
                      RETURNING tx_id)
                  INSERT INTO tx_events (event_id, tx_id, type, payload)
                  SELECT $9, tx_id, 'TxAllocated', $10 FROM upd RETURNING tx_id"
@@ -442,6 +558,7 @@ impl RequestStage {
                 allocated,
             ));
         }
+        txflow_core::fault::point(txflow_core::fault::ALLOCATOR_BEFORE_COMMIT);
         tx.commit().await?;
         Ok(outputs)
     }

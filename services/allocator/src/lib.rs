@@ -6,7 +6,6 @@
 
 pub mod commands;
 pub mod handler;
-pub mod policy;
 pub mod validate;
 
 use std::sync::Arc;
@@ -23,7 +22,7 @@ use txflow_core::stage::{StageConfig, StageRuntime};
 
 pub use commands::CommandStage;
 pub use handler::RequestStage;
-pub use policy::Policy;
+pub use txflow_core::policy::{Policy, Verdict};
 
 /// The allocator's two stage runtimes for `config`: requests and commands.
 pub async fn runtimes(
@@ -67,7 +66,7 @@ pub async fn runtimes(
 
 /// Runs the role until `shutdown`.
 pub async fn run_until(config: &Config, shutdown: CancellationToken) -> Result<(), RoleError> {
-    let (requests, commands) = runtimes(config, NodeId::generate(), LeaseConfig::default()).await?;
+    let (requests, commands) = runtimes(config, config.node(), config.lease()).await?;
     let (a, b) = tokio::join!(
         requests.run(shutdown.child_token()),
         commands.run(shutdown.child_token())

@@ -66,14 +66,25 @@ pub enum Simulation {
     Ok { gas: u64 },
     /// It would revert; the node's reason.
     Reverts { reason: String },
+    /// The signer cannot pay for it now: hold, do not fail (funds may arrive).
+    InsufficientFunds { reason: String },
 }
 
 /// What the node said to `eth_sendRawTransaction`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendOutcome {
     Accepted,
-    /// The node already has it (already known / imported), or the nonce is used and may be ours.
+    /// The node already has it (already known / imported).
     PossiblySent {
+        reason: String,
+    },
+    /// The nonce is used: by this transaction (possibly sent) if the chain knows one of its
+    /// hashes, otherwise by a transaction sent outside txflow (replaced).
+    NonceTooLow {
+        reason: String,
+    },
+    /// The signer cannot pay the transaction's maximum cost: hold the signer, do not fail.
+    InsufficientFunds {
         reason: String,
     },
     Rejected {
@@ -87,13 +98,13 @@ pub enum SendOutcome {
 pub fn classify_send_error(code: i64, message: &str) -> SendOutcome {
     let m = message.to_ascii_lowercase();
     let reason = format!("{code}: {message}");
-    if m.contains("already known") || m.contains("already imported") || m.contains("nonce too low")
-    {
+    if m.contains("already known") || m.contains("already imported") {
         SendOutcome::PossiblySent { reason }
-    } else if m.contains("underpriced")
-        || m.contains("less than block base fee")
-        || m.contains("insufficient funds")
-    {
+    } else if m.contains("nonce too low") {
+        SendOutcome::NonceTooLow { reason }
+    } else if m.contains("insufficient funds") {
+        SendOutcome::InsufficientFunds { reason }
+    } else if m.contains("underpriced") || m.contains("less than block base fee") {
         SendOutcome::Rejected {
             retryable: true,
             reason,
@@ -138,6 +149,24 @@ impl Chain {
             .map_err(|e| classify("eth_getTransactionCount", e))
     }
 
+    /// The number of transactions the signer has mined (the `latest` nonce).
+    pub async fn latest_nonce(&self, address: Address) -> Result<u64, ChainError> {
+        self.provider
+            .get_transaction_count(address)
+            .latest()
+            .await
+            .map_err(|e| classify("eth_getTransactionCount", e))
+    }
+
+    /// Whether the node knows a transaction by this hash (pooled or mined).
+    pub async fn knows_transaction(&self, hash: B256) -> Result<bool, ChainError> {
+        self.provider
+            .get_transaction_by_hash(hash)
+            .await
+            .map(|t| t.is_some())
+            .map_err(|e| classify("eth_getTransactionByHash", e))
+    }
+
     /// Simulates the call with `eth_estimateGas`.
     pub async fn simulate(
         &self,
@@ -155,6 +184,15 @@ impl Chain {
             Ok(gas) => Ok(Simulation::Ok { gas }),
             Err(RpcError::ErrorResp(p)) if p.code == 3 || p.message.contains("revert") => {
                 Ok(Simulation::Reverts {
+                    reason: p.message.to_string(),
+                })
+            }
+            Err(RpcError::ErrorResp(p))
+                if p.message
+                    .to_ascii_lowercase()
+                    .contains("insufficient funds") =>
+            {
+                Ok(Simulation::InsufficientFunds {
                     reason: p.message.to_string(),
                 })
             }
@@ -250,7 +288,11 @@ mod tests {
         ));
         assert!(matches!(
             classify_send_error(-32003, "nonce too low"),
-            SendOutcome::PossiblySent { .. }
+            SendOutcome::NonceTooLow { .. }
+        ));
+        assert!(matches!(
+            classify_send_error(-32003, "Insufficient funds for gas * price + value"),
+            SendOutcome::InsufficientFunds { .. }
         ));
         assert!(matches!(
             classify_send_error(-32003, "replacement transaction underpriced"),

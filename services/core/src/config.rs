@@ -32,6 +32,25 @@ pub struct Config {
     pub policy_max_value_wei: Option<String>,
     /// `TXFLOW_POLICY_APPROVAL_THRESHOLD_WEI`: at or above this value, wait for an approval.
     pub policy_approval_threshold_wei: Option<String>,
+    /// `TXFLOW_NODE_NAME`: a readable name for this process in `signer_lease.owner_node`. The
+    /// node id is always `{name}/{pid}/{random}`, unique per process start, so that a restarted
+    /// process never inherits the fencing token of its previous life. Defaults to the host name.
+    pub node_name: Option<String>,
+    /// `TXFLOW_GROUP_PREFIX`: consumer groups are `{group prefix}.{stage}`; defaults to the topic
+    /// prefix. Two deployments reading the same topics need different group prefixes.
+    pub group_prefix: Option<String>,
+    /// `TXFLOW_LEASE_MS`: how long a signer lease lasts without renewal. Renewal runs every third
+    /// of it; a process paused for twice as long has its PostgreSQL session ended.
+    pub lease_ms: u64,
+    /// `TXFLOW_SIGNER_KEYSTORE`: an encrypted JSON keystore file (Web3 Secret Storage), or a
+    /// directory of them, for the signer gateway's local keys.
+    pub signer_keystore: Option<std::path::PathBuf>,
+    /// `TXFLOW_SIGNER_KEYSTORE_PASSWORD_FILE`: the file holding the keystores' password. A secret
+    /// path's content is never printed.
+    pub signer_keystore_password_file: Option<std::path::PathBuf>,
+    /// `TXFLOW_RESUBMIT_INTERVAL_MS`: a submitted transaction not mined after this long is sent
+    /// again (the node may have dropped it).
+    pub resubmit_interval_ms: u64,
 }
 
 /// A secret value whose `Debug` never shows it.
@@ -88,7 +107,39 @@ impl Default for Config {
             policy_whitelist: Vec::new(),
             policy_max_value_wei: None,
             policy_approval_threshold_wei: None,
+            node_name: None,
+            group_prefix: None,
+            lease_ms: 10_000,
+            signer_keystore: None,
+            signer_keystore_password_file: None,
+            resubmit_interval_ms: 15_000,
         }
+    }
+}
+
+impl Config {
+    /// A node id for this process start: `{TXFLOW_NODE_NAME or host}/{pid}/{random}`.
+    pub fn node(&self) -> crate::domain::NodeId {
+        match &self.node_name {
+            Some(name) => crate::domain::NodeId::generate_named(name),
+            None => crate::domain::NodeId::generate(),
+        }
+    }
+
+    /// The lease timings from `TXFLOW_LEASE_MS`: renewal every third, clock skew a tenth (at most
+    /// one second).
+    pub fn lease(&self) -> crate::lease::LeaseConfig {
+        let duration = std::time::Duration::from_millis(self.lease_ms);
+        crate::lease::LeaseConfig {
+            duration,
+            renew_interval: duration / 3,
+            clock_skew: (duration / 10).min(std::time::Duration::from_secs(1)),
+        }
+    }
+
+    /// The consumer group prefix: `TXFLOW_GROUP_PREFIX`, or the topic prefix.
+    pub fn group_prefix(&self) -> &str {
+        self.group_prefix.as_deref().unwrap_or(&self.topics.prefix)
     }
 }
 
@@ -170,6 +221,55 @@ impl Config {
                 .filter(|s| !s.is_empty())
                 .collect();
         }
+        let name = |var: &'static str, v: String| -> Result<String, ConfigError> {
+            if v.is_empty()
+                || v.len() > 64
+                || v.contains(|ch: char| !(ch.is_ascii_alphanumeric() || "._-".contains(ch)))
+            {
+                return Err(ConfigError::Invalid {
+                    var,
+                    value: v,
+                    why: "use 1 to 64 letters, digits, '.', '_' or '-'",
+                });
+            }
+            Ok(v)
+        };
+        if let Some(v) = lookup("TXFLOW_NODE_NAME") {
+            c.node_name = Some(name("TXFLOW_NODE_NAME", v)?);
+        }
+        if let Some(v) = lookup("TXFLOW_GROUP_PREFIX") {
+            c.group_prefix = Some(name("TXFLOW_GROUP_PREFIX", v)?);
+        }
+        if let Some(v) = lookup("TXFLOW_LEASE_MS") {
+            c.lease_ms = match v.parse::<u64>() {
+                Ok(n) if (300..=3_600_000).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_LEASE_MS",
+                        value: v,
+                        why: "expected milliseconds between 300 and 3600000",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_RESUBMIT_INTERVAL_MS") {
+            c.resubmit_interval_ms = match v.parse::<u64>() {
+                Ok(n) if n >= 100 => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_RESUBMIT_INTERVAL_MS",
+                        value: v,
+                        why: "expected milliseconds, at least 100",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_SIGNER_KEYSTORE") {
+            c.signer_keystore = Some(v.into());
+        }
+        if let Some(v) = lookup("TXFLOW_SIGNER_KEYSTORE_PASSWORD_FILE") {
+            c.signer_keystore_password_file = Some(v.into());
+        }
         c.policy_max_value_wei = lookup("TXFLOW_POLICY_MAX_VALUE_WEI").or(c.policy_max_value_wei);
         c.policy_approval_threshold_wei =
             lookup("TXFLOW_POLICY_APPROVAL_THRESHOLD_WEI").or(c.policy_approval_threshold_wei);
@@ -210,5 +310,35 @@ mod tests {
         let err = Config::from_lookup(|k| (k == "TXFLOW_PARTITIONS").then(|| "-3".into()))
             .expect_err("negative partitions");
         assert!(err.to_string().contains("TXFLOW_PARTITIONS"));
+        let err = Config::from_lookup(|k| (k == "TXFLOW_LEASE_MS").then(|| "10".into()))
+            .expect_err("a 10 ms lease");
+        assert!(err.to_string().contains("TXFLOW_LEASE_MS"));
+        let err = Config::from_lookup(|k| (k == "TXFLOW_NODE_NAME").then(|| "a b".into()))
+            .expect_err("a space in a node name");
+        assert!(err.to_string().contains("TXFLOW_NODE_NAME"));
+    }
+
+    #[test]
+    fn node_ids_lease_timings_and_group_prefix_follow_the_settings() {
+        let c = Config::from_lookup(|k| match k {
+            "TXFLOW_NODE_NAME" => Some("alloc-a".into()),
+            "TXFLOW_LEASE_MS" => Some("3000".into()),
+            "TXFLOW_TOPIC_PREFIX" => Some("t1".into()),
+            _ => None,
+        })
+        .expect("valid");
+        let (a, b) = (c.node(), c.node());
+        assert!(a.as_str().starts_with("alloc-a/"), "{a:?}");
+        assert_ne!(a, b, "every start gets a node id of its own");
+        let lease = c.lease();
+        lease
+            .validate()
+            .expect("derived lease timings are consistent");
+        assert_eq!(lease.duration.as_millis(), 3000);
+        assert_eq!(c.group_prefix(), "t1");
+        Config::default()
+            .lease()
+            .validate()
+            .expect("default lease timings are consistent");
     }
 }

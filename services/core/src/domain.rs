@@ -84,6 +84,12 @@ impl NodeId {
         NodeId(format!("{host}/{}/{}", std::process::id(), &id[..12]))
     }
 
+    /// `{name}/{pid}/{random}`: a chosen readable name, still unique per process start.
+    pub fn generate_named(name: &str) -> NodeId {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        NodeId(format!("{name}/{}/{}", std::process::id(), &id[..12]))
+    }
+
     /// A node id with a given name (tests, tools).
     pub fn named(name: impl Into<String>) -> NodeId {
         NodeId(name.into())
@@ -98,6 +104,24 @@ impl fmt::Display for NodeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// What `managed_tx.payload` holds: the transaction as the allocator recorded it, completed with
+/// the gas limit (after simulation) and fees (at allocation). The signer gateway signs this, never
+/// what an event claims.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct TxPayload {
+    /// Lowercase 0x-hex address.
+    pub to: String,
+    /// Decimal wei.
+    pub value: String,
+    /// 0x-hex calldata.
+    pub data: String,
+    pub gas_limit: Option<u64>,
+    /// Decimal wei.
+    pub max_fee_per_gas: Option<String>,
+    /// Decimal wei.
+    pub max_priority_fee_per_gas: Option<String>,
 }
 
 #[cfg(test)]

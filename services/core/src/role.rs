@@ -80,6 +80,13 @@ pub enum RoleError {
     NotImplemented(#[from] NotImplemented),
     #[error("configuration: {0}")]
     Config(String),
+    /// A configuration problem with an underlying cause (an unreadable file, say).
+    #[error("configuration: {message}")]
+    ConfigSource {
+        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error(transparent)]
     Db(#[from] crate::db::DbError),
     #[error(transparent)]
@@ -93,7 +100,9 @@ pub enum RoleError {
 impl Classify for RoleError {
     fn retry(&self) -> Retry {
         match self {
-            RoleError::NotImplemented(_) | RoleError::Config(_) => Retry::Permanent,
+            RoleError::NotImplemented(_)
+            | RoleError::Config(_)
+            | RoleError::ConfigSource { .. } => Retry::Permanent,
             RoleError::Db(e) => e.retry(),
             RoleError::Chain(e) => e.retry(),
             RoleError::Lease(e) => e.retry(),

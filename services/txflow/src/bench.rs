@@ -3,6 +3,9 @@
 //! - `--scenario broker-hop`: one produce → consume hop through the configured broker with the
 //!   pipeline's client settings; reports the per-hop latency distribution and the rate achieved.
 //! - `--scenario pipeline` (default): requests through the real pipeline (issue #5).
+//! - `--scenario anvil`: the chain alone — the same transactions (same signers × requests, same
+//!   calldata markers) signed here and sent straight to the RPC endpoint, to put the pipeline's
+//!   figures next to what the chain takes without txflow.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -49,12 +52,15 @@ enum Scenario {
     BrokerHop,
     /// A no-op stage on the stage runtime: leases, batch transaction, commit, produce, offsets.
     Stage,
+    /// Signed transactions straight to the chain's RPC endpoint, no txflow in between.
+    Anvil,
 }
 
 pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     match args.scenario {
         Scenario::Pipeline => pipeline(config, &args).await,
         Scenario::BrokerHop => broker_hop(config, &args).await,
+        Scenario::Anvil => anvil_raw(config, &args).await,
         Scenario::Stage => {
             crate::bench_stage::run(
                 config,
@@ -340,6 +346,119 @@ async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         duplicates == 0,
         "{duplicates} duplicate transaction(s) were mined"
+    );
+    Ok(())
+}
+
+/// The chain alone: N signers × M transactions like the pipeline's (1 wei to the sink with a
+/// marker), signed here and sent with `eth_sendRawTransaction`, each signer's in nonce order,
+/// signers concurrently, 200 sends in flight at most; then waits until all are mined.
+async fn anvil_raw(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+    use alloy::primitives::{Address, Bytes, U256};
+    use alloy::providers::ext::AnvilApi;
+    use alloy::providers::{Provider, ProviderBuilder};
+    use alloy::signers::local::PrivateKeySigner;
+    use futures::StreamExt;
+    use txflow_core::chain::{Chain, SendOutcome, UnsignedTx, sign};
+
+    let url = config
+        .rpc_urls
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("TXFLOW_RPC_URLS is empty"))?;
+    let chain = Chain::connect(url, config.chain_id as u64)?;
+    let provider = ProviderBuilder::new().connect_http(url.parse()?);
+    let (signers, txs) = (args.signers.max(1) as usize, args.txs.max(1) as usize);
+    let total = signers * txs;
+    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let keys: Vec<PrivateKeySigner> = (0..signers).map(|_| PrivateKeySigner::random()).collect();
+    for k in &keys {
+        provider
+            .anvil_set_balance(k.address(), U256::from(10u128.pow(22)))
+            .await?;
+    }
+    let (max_fee, tip) = chain.fees().await?;
+    let sink: Address = crate::local::SINK.parse()?;
+    // Signing is not what is measured: sign everything first.
+    let mut per_signer: Vec<Vec<Vec<u8>>> = Vec::with_capacity(signers);
+    for (i, k) in keys.iter().enumerate() {
+        let mut raws = Vec::with_capacity(txs);
+        for j in 0..txs {
+            let marker = crate::local::marker(&format!("{run}-{i}-{j}"));
+            let signed = sign(
+                k,
+                &UnsignedTx {
+                    chain_id: config.chain_id as u64,
+                    nonce: j as u64,
+                    to: sink,
+                    value: U256::from(1),
+                    data: Bytes::from(marker),
+                    gas_limit: 40_000,
+                    max_fee_per_gas: max_fee * 2,
+                    max_priority_fee_per_gas: tip,
+                },
+            )?;
+            raws.push(signed.raw);
+        }
+        per_signer.push(raws);
+    }
+    eprintln!("bench anvil: {signers} signer(s) x {txs} raw transaction(s) = {total} to {url}");
+    let started = Instant::now();
+    // Round-robin over signers, in nonce order per signer; at most 200 sends in flight.
+    let order: Vec<&Vec<u8>> = (0..txs)
+        .flat_map(|j| per_signer.iter().map(move |r| &r[j]))
+        .collect();
+    let outcomes: Vec<_> = futures::stream::iter(order)
+        .map(|raw| chain.send_raw(raw))
+        .buffered(200)
+        .collect()
+        .await;
+    let sent_in = started.elapsed();
+    let refused = outcomes
+        .iter()
+        .filter(|o| !matches!(o, Ok(SendOutcome::Accepted)))
+        .count();
+    let deadline = started + Duration::from_secs(args.deadline_secs);
+    let mut mined = 0u64;
+    while mined < total as u64 && Instant::now() < deadline {
+        mined = 0;
+        for k in &keys {
+            mined += provider.get_transaction_count(k.address()).latest().await?;
+        }
+        if mined < total as u64 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let mined_in = started.elapsed();
+    let send_rate = total as f64 / sent_in.as_secs_f64();
+    let mined_rate = mined as f64 / mined_in.as_secs_f64();
+    println!("raw transactions  {total} ({refused} refused by the node)");
+    println!(
+        "sent in           {:.2} s  ({send_rate:.0} tx/s accepted by eth_sendRawTransaction)",
+        sent_in.as_secs_f64()
+    );
+    println!(
+        "mined             {mined} in {:.2} s  ({mined_rate:.0} tx/s)",
+        mined_in.as_secs_f64()
+    );
+    if args.json {
+        let report = serde_json::json!({
+            "scenario": "anvil",
+            "signers": signers,
+            "txs_per_signer": txs,
+            "requests": total,
+            "refused": refused,
+            "mined": mined,
+            "send_per_s": send_rate,
+            "tx_per_s": mined_rate,
+            "seconds": mined_in.as_secs_f64(),
+        });
+        println!("{report}");
+    }
+    anyhow::ensure!(refused == 0, "{refused} transaction(s) were refused");
+    anyhow::ensure!(
+        mined == total as u64,
+        "{} transaction(s) not mined before the deadline",
+        total as u64 - mined
     );
     Ok(())
 }

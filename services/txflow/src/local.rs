@@ -15,10 +15,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 use txflow_core::codec::{RegistryCodec, Subjects};
 use txflow_core::config::Config;
-use txflow_core::domain::NodeId;
 use txflow_core::events::{TxCommand, TxRequest};
 use txflow_core::kafka::{ensure_topics, signer_key};
-use txflow_core::lease::LeaseConfig;
 use txflow_signer_gateway::Keys;
 
 pub const SINK: &str = "0x000000000000000000000000000000000000dead";
@@ -55,8 +53,8 @@ impl LocalPipeline {
                 .anvil_set_balance(k.address(), U256::from(10u128.pow(22)))
                 .await?;
         }
-        let lease = LeaseConfig::default();
-        let node = NodeId::generate();
+        let lease = config.lease();
+        let node = config.node();
         let (requests, commands) = txflow_allocator::runtimes(&config, node.clone(), lease).await?;
         let signer = txflow_signer_gateway::runtime(
             &config,

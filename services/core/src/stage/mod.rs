@@ -270,17 +270,19 @@ impl StageConfig {
 
 impl StageConfig {
     /// The settings of a pipeline stage from the service configuration: group
-    /// `{prefix}.{group}`, the pipeline's DLQ, partitions and topics.
+    /// `{group prefix}.{group}`, the pipeline's DLQ, partitions and topics.
     pub fn for_pipeline(
         config: &crate::config::Config,
         group: &str,
         lease: LeaseConfig,
     ) -> StageConfig {
         let mut sc = StageConfig::new(
-            format!("{}.{group}", config.topics.prefix),
+            format!("{}.{group}", config.group_prefix()),
             config.topics.dlq(),
         );
         sc.lease = lease;
+        // Work that no message announces (a lost event, a released nonce) waits at most this long.
+        sc.recovery_interval = Duration::from_secs(5);
         sc.partitions = config.partitions;
         sc.topics = config.topics.all();
         sc
@@ -916,6 +918,9 @@ impl<H: Handler> StageRuntime<H> {
             .await
         {
             Ok(outs) => {
+                if !outs.is_empty() {
+                    fault::point(fault::AFTER_DRIVE);
+                }
                 let all: Vec<(&Output, Option<&str>)> = outs.iter().map(|o| (o, None)).collect();
                 self.produce(producer, &all).await;
             }

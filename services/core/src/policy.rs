@@ -3,9 +3,9 @@
 
 use std::collections::BTreeSet;
 
+use crate::config::Config;
+use crate::role::RoleError;
 use alloy::primitives::{Address, U256};
-use txflow_core::config::Config;
-use txflow_core::role::RoleError;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
