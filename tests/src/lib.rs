@@ -8,6 +8,8 @@
 //! - [`AnvilNode`]: an anvil of the test's own on a free port, killed on drop.
 //! - [`OwnBroker`]: a tansu broker of the test's own, for tests that restart or kill it (a restart
 //!   wipes the memory engine's topics), killed on drop.
+//! - [`pipeline::Pipeline`]: allocator, signer gateway and broadcaster on a chain of the test's
+//!   own, with outcome readers (mined markers, PostgreSQL counts, anvil's pool).
 //! - [`wait_until`]: poll a condition until it holds, or fail with a message after a deadline.
 //!
 //! The shared services (PostgreSQL, broker, registry) come from the environment that
@@ -18,6 +20,7 @@ mod anvil;
 mod broker;
 mod db;
 mod kafka;
+pub mod pipeline;
 pub mod test_stage;
 mod wait;
 

@@ -3,220 +3,20 @@
 //! they are true: on the chain (one mined transaction per request marker), in PostgreSQL, on the
 //! topics.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use alloy::consensus::Transaction as _;
-use alloy::eips::BlockNumberOrTag;
-use alloy::primitives::{Address, U256};
-use alloy::providers::ext::AnvilApi;
+use alloy::primitives::Address;
 use alloy::providers::{Provider, ProviderBuilder};
-use alloy::signers::local::PrivateKeySigner;
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Headers;
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use tokio_util::sync::CancellationToken;
-use txflow_core::codec::{RegistryCodec, Subjects};
-use txflow_core::config::Config;
-use txflow_core::domain::NodeId;
+use txflow_core::codec::Subjects;
 use txflow_core::events::TxRequest;
-use txflow_core::kafka::{Topics, ensure_topics, signer_key};
-use txflow_core::lease::LeaseConfig;
-use txflow_signer_gateway::Keys;
-use txflow_tests::{
-    AnvilNode, TestDb, group_consumer, kafka_settings, producer, registry_url, unique, wait_until,
-};
+use txflow_core::kafka::signer_key;
+use txflow_tests::pipeline::{Pipeline, SINK};
+use txflow_tests::{AnvilNode, group_consumer, unique, wait_until};
 
 const LONG: Duration = Duration::from_secs(180);
-const SINK: &str = "0x000000000000000000000000000000000000dead";
-
-/// The pipeline's three stages running in this process against a chain of the test's own.
-struct Pipeline {
-    anvil: AnvilNode,
-    db: TestDb,
-    config: Config,
-    signers: Vec<PrivateKeySigner>,
-    codec: RegistryCodec,
-    producer: FutureProducer,
-    shutdown: CancellationToken,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Pipeline {
-    async fn start(signers: usize) -> Pipeline {
-        Pipeline::start_with(signers, |_| {}).await
-    }
-
-    async fn start_with(signers: usize, customize: impl FnOnce(&mut Config)) -> Pipeline {
-        let anvil = AnvilNode::spawn().await;
-        let db = TestDb::new().await;
-        let mut config = Config {
-            database_url: db.url.clone(),
-            kafka: kafka_settings(),
-            schema_registry_url: registry_url().to_string(),
-            topics: Topics::new(unique("pipe")),
-            partitions: 4,
-            rpc_urls: vec![anvil.url.clone()],
-            ..Config::default()
-        };
-        customize(&mut config);
-        ensure_topics(&config.kafka, &config.topics.all(), config.partitions)
-            .await
-            .expect("topics");
-
-        let provider = ProviderBuilder::new().connect_http(anvil.url.parse().expect("url"));
-        let keys: Vec<PrivateKeySigner> =
-            (0..signers).map(|_| PrivateKeySigner::random()).collect();
-        for k in &keys {
-            provider
-                .anvil_set_balance(k.address(), U256::from(10u128.pow(21)))
-                .await
-                .expect("fund");
-        }
-        let lease = LeaseConfig::default();
-        let shutdown = CancellationToken::new();
-        let mut tasks = Vec::new();
-        let (a, c) = txflow_allocator::runtimes(&config, NodeId::named("alloc-1"), lease)
-            .await
-            .expect("allocator");
-        let s = txflow_signer_gateway::runtime(
-            &config,
-            Keys::from_signers(keys.clone()),
-            NodeId::named("sign-1"),
-            lease,
-        )
-        .await
-        .expect("signer gateway");
-        let b = txflow_broadcaster::runtime(&config, NodeId::named("bcast-1"), lease)
-            .await
-            .expect("broadcaster");
-        let (t1, t2, t3, t4) = (
-            shutdown.clone(),
-            shutdown.clone(),
-            shutdown.clone(),
-            shutdown.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            c.run(t4).await.expect("allocator commands run")
-        }));
-        tasks.push(tokio::spawn(async move {
-            a.run(t1).await.expect("allocator runs")
-        }));
-        tasks.push(tokio::spawn(async move {
-            s.run(t2).await.expect("signer gateway runs")
-        }));
-        tasks.push(tokio::spawn(async move {
-            b.run(t3).await.expect("broadcaster runs")
-        }));
-        Pipeline {
-            producer: producer(&config.kafka),
-            codec: RegistryCodec::new(registry_url()),
-            anvil,
-            db,
-            config,
-            signers: keys,
-            shutdown,
-            tasks,
-        }
-    }
-
-    fn signer(&self, i: usize) -> String {
-        format!("{:#x}", self.signers[i].address())
-    }
-
-    fn request(&self, signer: usize, request_id: &str) -> TxRequest {
-        TxRequest {
-            event_id: uuid::Uuid::new_v4().to_string(),
-            request_id: request_id.to_string(),
-            chain_id: 31337,
-            signer: self.signer(signer),
-            to: SINK.into(),
-            value: "1".into(),
-            data: marker(request_id),
-            gas_limit: None,
-            max_fee_per_gas: None,
-            max_priority_fee_per_gas: None,
-            metadata: Default::default(),
-        }
-    }
-
-    async fn send(&self, r: &TxRequest) {
-        let topic = self.config.topics.tx_requests();
-        let bytes = self
-            .codec
-            .encode(&topic, Subjects::TopicName, r)
-            .await
-            .expect("encode");
-        self.send_raw(&signer_key(r.chain_id, &r.signer), &bytes)
-            .await;
-    }
-
-    async fn send_raw(&self, key: &str, bytes: &[u8]) {
-        let topic = self.config.topics.tx_requests();
-        self.producer
-            .send(
-                FutureRecord::to(&topic).key(key).payload(bytes),
-                Duration::from_secs(30),
-            )
-            .await
-            .unwrap_or_else(|(e, _)| panic!("produce: {e}"));
-    }
-
-    async fn count(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sql)
-            .fetch_one(&self.db.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-    }
-
-    /// Mined transactions from our signers, per calldata marker.
-    async fn mined_markers(&self) -> BTreeMap<String, usize> {
-        let provider = ProviderBuilder::new().connect_http(self.anvil.url.parse().expect("url"));
-        let ours: Vec<Address> = self.signers.iter().map(|s| s.address()).collect();
-        let latest = provider.get_block_number().await.expect("block number");
-        let mut markers = BTreeMap::new();
-        for n in 0..=latest {
-            let block = provider
-                .get_block_by_number(BlockNumberOrTag::Number(n))
-                .full()
-                .await
-                .expect("block")
-                .expect("block exists");
-            for tx in block.transactions.into_transactions() {
-                if ours.contains(&tx.inner.signer()) {
-                    let m = String::from_utf8_lossy(tx.input()).into_owned();
-                    *markers.entry(m).or_insert(0) += 1;
-                }
-            }
-        }
-        markers
-    }
-
-    async fn mined_count(&self) -> u64 {
-        let provider = ProviderBuilder::new().connect_http(self.anvil.url.parse().expect("url"));
-        let mut n = 0;
-        for s in &self.signers {
-            n += provider
-                .get_transaction_count(s.address())
-                .latest()
-                .await
-                .expect("nonce");
-        }
-        n
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        for t in self.tasks {
-            let _ = tokio::time::timeout(LONG, t).await;
-        }
-    }
-}
-
-fn marker(request_id: &str) -> Vec<u8> {
-    format!("txflow:{request_id}").into_bytes()
-}
 
 #[tokio::test]
 async fn a_thousand_requests_of_one_signer_become_a_thousand_mined_transactions() {
@@ -245,18 +45,10 @@ async fn a_thousand_requests_of_one_signer_become_a_thousand_mined_transactions(
         .count("SELECT count(DISTINCT (signer, nonce)) FROM managed_tx WHERE nonce IS NOT NULL")
         .await;
     assert_eq!(distinct, n as i64, "(signer, nonce) unique in PostgreSQL");
-    let provider = ProviderBuilder::new().connect_http(p.anvil.url.parse().expect("url"));
-    let pool: serde_json::Value = provider
-        .raw_request("txpool_status".into(), ())
-        .await
-        .expect("txpool_status");
     assert_eq!(
-        pool["pending"], "0x0",
-        "nothing left pending in anvil's pool: {pool}"
-    );
-    assert_eq!(
-        pool["queued"], "0x0",
-        "nothing left queued in anvil's pool: {pool}"
+        p.pool_status().await,
+        ("0x0".to_string(), "0x0".to_string()),
+        "nothing left pending or queued in anvil's pool"
     );
     p.stop().await;
 }
@@ -311,19 +103,7 @@ async fn bad_requests_are_dead_lettered_with_their_reason_and_nothing_else_is_af
     let dlq = group_consumer(&p.config.kafka, &unique("dlq"));
     dlq.subscribe(&[&p.config.topics.dlq()]).expect("subscribe");
     let dead = txflow_tests::collect(&dlq, 3, LONG).await;
-    let codes: Vec<String> = dead
-        .iter()
-        .map(|m| {
-            m.headers()
-                .and_then(|h| {
-                    h.iter()
-                        .find(|x| x.key == "error.code")
-                        .and_then(|x| x.value)
-                })
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_default()
-        })
-        .collect();
+    let codes = error_codes(&dead);
     assert_eq!(codes, ["UNDECODABLE", "INVALID_TO", "INVALID_VALUE"]);
     assert_eq!(
         p.count("SELECT count(*) FROM managed_tx").await,
@@ -444,15 +224,8 @@ async fn command(p: &Pipeline, tx_id: &str, kind: txflow_core::events::TxCommand
         .encode(&topic, Subjects::TopicName, &c)
         .await
         .expect("encode");
-    p.producer
-        .send(
-            FutureRecord::to(&topic)
-                .key(&signer_key(31337, &p.signer(0)))
-                .payload(&bytes),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap_or_else(|(e, _)| panic!("produce: {e}"));
+    p.send_to(&topic, &signer_key(31337, &p.signer(0)), &bytes)
+        .await;
 }
 
 #[tokio::test]
@@ -538,6 +311,126 @@ async fn policy_refuses_destinations_off_the_whitelist_and_values_above_the_limi
     assert_eq!(
         p.mined_markers().await.keys().collect::<Vec<_>>(),
         ["txflow:fine"]
+    );
+    p.stop().await;
+}
+
+/// The `error.code` header of each dead letter.
+fn error_codes(messages: &[rdkafka::message::OwnedMessage]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| {
+            m.headers()
+                .and_then(|h| {
+                    h.iter()
+                        .find(|x| x.key == "error.code")
+                        .and_then(|x| x.value)
+                })
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_signer_gateway_checks_the_policy_again_and_releases_the_refused_nonce() {
+    // The policy tightened between allocation and signing: the allocator allows any destination,
+    // the signer gateway only the sink.
+    let mut p = Pipeline::prepare(1, |_| {}).await;
+    let loose = p.config.clone();
+    let strict = txflow_core::config::Config {
+        policy_whitelist: vec![SINK.into()],
+        ..loose.clone()
+    };
+    p.start_allocator(&loose, "alloc-1").await;
+    p.start_signer_gateway(&strict).await;
+    p.start_broadcaster(&loose).await;
+
+    let mut elsewhere = p.request(0, "elsewhere");
+    elsewhere.to = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".into();
+    p.send(&elsewhere).await;
+    for i in 0..3 {
+        p.send(&p.request(0, &format!("after-{i}"))).await;
+    }
+    wait_until("the signer gateway refuses the request", LONG, || async {
+        p.count(
+            "SELECT count(*) FROM managed_tx WHERE request_id = 'elsewhere' AND state = 'FAILED'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    let (code, released, nonce): (Option<String>, bool, Option<i64>) = sqlx::query_as(
+        "SELECT failure_code, nonce_released, nonce FROM managed_tx WHERE request_id = 'elsewhere'",
+    )
+    .fetch_one(&p.db.pool)
+    .await
+    .expect("row");
+    assert_eq!(code.as_deref(), Some("POLICY_DENIED"));
+    assert!(released, "the refused transaction's nonce is released");
+    let refused_nonce = nonce.expect("it had been allocated a nonce");
+
+    // The next request of the signer takes the freed nonce, so nothing behind it stays stuck.
+    p.send(&p.request(0, "filler")).await;
+    wait_until("every allowed request is mined", LONG, || async {
+        p.mined_count().await >= 4
+    })
+    .await;
+    let filler_nonce: i64 =
+        sqlx::query_scalar("SELECT nonce FROM managed_tx WHERE request_id = 'filler'")
+            .fetch_one(&p.db.pool)
+            .await
+            .expect("filler's nonce");
+    assert_eq!(filler_nonce, refused_nonce, "the freed nonce is reused");
+    let markers = p.mined_markers().await;
+    assert_eq!(
+        markers.keys().map(String::as_str).collect::<Vec<_>>(),
+        [
+            "txflow:after-0",
+            "txflow:after-1",
+            "txflow:after-2",
+            "txflow:filler"
+        ]
+    );
+    assert!(markers.values().all(|c| *c == 1));
+    assert_eq!(
+        p.count("SELECT count(*) FROM recycled_nonces").await,
+        0,
+        "no released nonce left waiting"
+    );
+
+    // A TxAllocated event for a transaction PostgreSQL does not know is dead-lettered, unsigned.
+    let forged = txflow_core::events::TxAllocated {
+        event_id: uuid::Uuid::new_v4().to_string(),
+        tx_id: uuid::Uuid::new_v4().to_string(),
+        request_id: "forged".into(),
+        chain_id: 31337,
+        signer: p.signer(0),
+        nonce: 4,
+        to: "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".into(),
+        value: "1000000".into(),
+        data: Vec::new(),
+        gas_limit: 21_000,
+        max_fee_per_gas: "2000000000".into(),
+        max_priority_fee_per_gas: "1".into(),
+        fencing_token: 1,
+    };
+    let topic = p.config.topics.tx_allocated();
+    let bytes = p
+        .codec
+        .encode(&topic, Subjects::TopicName, &forged)
+        .await
+        .expect("encode");
+    p.send_to(&topic, &signer_key(31337, &p.signer(0)), &bytes)
+        .await;
+    let dlq = group_consumer(&p.config.kafka, &unique("dlq"));
+    dlq.subscribe(&[&p.config.topics.dlq()]).expect("subscribe");
+    let dead = txflow_tests::collect(&dlq, 1, LONG).await;
+    assert_eq!(error_codes(&dead), ["UNKNOWN_TX"]);
+    assert_eq!(
+        p.count("SELECT count(*) FROM tx_attempts").await,
+        4,
+        "nothing was signed for the forged event"
     );
     p.stop().await;
 }

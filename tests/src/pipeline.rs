@@ -1,0 +1,283 @@
+//! The request-to-chain pipeline (allocator → signer gateway → broadcaster) against a chain of the
+//! test's own, with helpers that read outcomes where they are true: mined transactions by calldata
+//! marker, rows in PostgreSQL. Stages run in this process ([`Pipeline::start_allocator`] and the
+//! like) or as `txflow` processes of the test's own, configured by [`Pipeline::env`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use alloy::consensus::Transaction as _;
+use alloy::eips::BlockNumberOrTag;
+use alloy::primitives::{Address, U256};
+use alloy::providers::ext::AnvilApi;
+use alloy::providers::{Provider, ProviderBuilder};
+use alloy::signers::local::PrivateKeySigner;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio_util::sync::CancellationToken;
+use txflow_core::codec::{RegistryCodec, Subjects};
+use txflow_core::config::Config;
+use txflow_core::domain::NodeId;
+use txflow_core::events::TxRequest;
+use txflow_core::kafka::{Topics, ensure_topics, signer_key};
+use txflow_core::lease::LeaseConfig;
+use txflow_signer_gateway::Keys;
+
+use crate::{AnvilNode, TestDb, kafka_settings, producer, registry_url, unique};
+
+/// Where every test request sends its value.
+pub const SINK: &str = "0x000000000000000000000000000000000000dead";
+
+/// A chain, a database and topics of the test's own, funded signers, and the stages started on it.
+pub struct Pipeline {
+    pub anvil: AnvilNode,
+    pub db: TestDb,
+    pub config: Config,
+    pub signers: Vec<PrivateKeySigner>,
+    pub codec: RegistryCodec,
+    pub producer: FutureProducer,
+    shutdown: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The calldata marker of a request: how its transactions are found on the chain.
+pub fn marker(request_id: &str) -> Vec<u8> {
+    format!("txflow:{request_id}").into_bytes()
+}
+
+impl Pipeline {
+    /// The three stages on `signers` funded signers.
+    pub async fn start(signers: usize) -> Pipeline {
+        Pipeline::start_with(signers, |_| {}).await
+    }
+
+    /// The three stages, all with the configuration as `customize` leaves it.
+    pub async fn start_with(signers: usize, customize: impl FnOnce(&mut Config)) -> Pipeline {
+        let mut p = Pipeline::prepare(signers, customize).await;
+        let config = p.config.clone();
+        p.start_allocator(&config, "alloc-1").await;
+        p.start_signer_gateway(&config).await;
+        p.start_broadcaster(&config).await;
+        p
+    }
+
+    /// The infrastructure and funded signers, no stage yet.
+    pub async fn prepare(signers: usize, customize: impl FnOnce(&mut Config)) -> Pipeline {
+        let anvil = AnvilNode::spawn().await;
+        let db = TestDb::new().await;
+        let mut config = Config {
+            database_url: db.url.clone(),
+            kafka: kafka_settings(),
+            schema_registry_url: registry_url().to_string(),
+            topics: Topics::new(unique("pipe")),
+            partitions: 4,
+            rpc_urls: vec![anvil.url.clone()],
+            ..Config::default()
+        };
+        customize(&mut config);
+        ensure_topics(&config.kafka, &config.topics.all(), config.partitions)
+            .await
+            .expect("topics");
+        let provider = ProviderBuilder::new().connect_http(anvil.url.parse().expect("url"));
+        let keys: Vec<PrivateKeySigner> =
+            (0..signers).map(|_| PrivateKeySigner::random()).collect();
+        for k in &keys {
+            provider
+                .anvil_set_balance(k.address(), U256::from(10u128.pow(21)))
+                .await
+                .expect("fund");
+        }
+        Pipeline {
+            producer: producer(&config.kafka),
+            codec: RegistryCodec::new(registry_url()),
+            anvil,
+            db,
+            config,
+            signers: keys,
+            shutdown: CancellationToken::new(),
+            tasks: Vec::new(),
+        }
+    }
+
+    fn lease() -> LeaseConfig {
+        LeaseConfig::default()
+    }
+
+    /// The allocator (requests and commands) in this process, as node `name`.
+    pub async fn start_allocator(&mut self, config: &Config, name: &str) {
+        let (a, c) = txflow_allocator::runtimes(config, NodeId::named(name), Self::lease())
+            .await
+            .expect("allocator");
+        let (t1, t2) = (self.shutdown.clone(), self.shutdown.clone());
+        self.tasks.push(tokio::spawn(async move {
+            c.run(t2).await.expect("allocator commands run")
+        }));
+        self.tasks.push(tokio::spawn(async move {
+            a.run(t1).await.expect("allocator runs")
+        }));
+    }
+
+    /// The signer gateway in this process, with the keys of [`Pipeline::signers`].
+    pub async fn start_signer_gateway(&mut self, config: &Config) {
+        let s = txflow_signer_gateway::runtime(
+            config,
+            Keys::from_signers(self.signers.clone()),
+            NodeId::named("sign-1"),
+            Self::lease(),
+        )
+        .await
+        .expect("signer gateway");
+        let t = self.shutdown.clone();
+        self.tasks.push(tokio::spawn(async move {
+            s.run(t).await.expect("signer gateway runs")
+        }));
+    }
+
+    /// The broadcaster in this process.
+    pub async fn start_broadcaster(&mut self, config: &Config) {
+        let b = txflow_broadcaster::runtime(config, NodeId::named("bcast-1"), Self::lease())
+            .await
+            .expect("broadcaster");
+        let t = self.shutdown.clone();
+        self.tasks.push(tokio::spawn(async move {
+            b.run(t).await.expect("broadcaster runs")
+        }));
+    }
+
+    /// The `TXFLOW_*` environment of a `txflow` process working on this pipeline.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let c = &self.config;
+        vec![
+            ("TXFLOW_DATABASE_URL".into(), c.database_url.clone()),
+            ("TXFLOW_BROKERS".into(), c.kafka.brokers.clone()),
+            (
+                "TXFLOW_FETCH_WAIT_MAX_MS".into(),
+                c.kafka.fetch_wait_max_ms.to_string(),
+            ),
+            (
+                "TXFLOW_SCHEMA_REGISTRY_URL".into(),
+                c.schema_registry_url.clone(),
+            ),
+            ("TXFLOW_TOPIC_PREFIX".into(), c.topics.prefix.clone()),
+            ("TXFLOW_PARTITIONS".into(), c.partitions.to_string()),
+            ("TXFLOW_RPC_URLS".into(), c.rpc_urls.join(",")),
+            ("TXFLOW_CHAIN_ID".into(), c.chain_id.to_string()),
+        ]
+    }
+
+    /// Signer `i`'s address, lowercase 0x-hex.
+    pub fn signer(&self, i: usize) -> String {
+        format!("{:#x}", self.signers[i].address())
+    }
+
+    /// A request of signer `i` sending 1 wei to [`SINK`] with the request's marker as calldata.
+    pub fn request(&self, signer: usize, request_id: &str) -> TxRequest {
+        TxRequest {
+            event_id: uuid::Uuid::new_v4().to_string(),
+            request_id: request_id.to_string(),
+            chain_id: 31337,
+            signer: self.signer(signer),
+            to: SINK.into(),
+            value: "1".into(),
+            data: marker(request_id),
+            gas_limit: None,
+            max_fee_per_gas: None,
+            max_priority_fee_per_gas: None,
+            metadata: Default::default(),
+        }
+    }
+
+    /// Publishes `r` on the requests topic, keyed by its signer.
+    pub async fn send(&self, r: &TxRequest) {
+        let topic = self.config.topics.tx_requests();
+        let bytes = self
+            .codec
+            .encode(&topic, Subjects::TopicName, r)
+            .await
+            .expect("encode");
+        self.send_raw(&signer_key(r.chain_id, &r.signer), &bytes)
+            .await;
+    }
+
+    /// Publishes raw bytes on the requests topic.
+    pub async fn send_raw(&self, key: &str, bytes: &[u8]) {
+        let topic = self.config.topics.tx_requests();
+        self.send_to(&topic, key, bytes).await;
+    }
+
+    /// Publishes raw bytes on `topic`.
+    pub async fn send_to(&self, topic: &str, key: &str, bytes: &[u8]) {
+        self.producer
+            .send(
+                FutureRecord::to(topic).key(key).payload(bytes),
+                Duration::from_secs(30),
+            )
+            .await
+            .unwrap_or_else(|(e, _)| panic!("produce: {e}"));
+    }
+
+    /// One number from PostgreSQL.
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Mined transactions from our signers, per calldata marker.
+    pub async fn mined_markers(&self) -> BTreeMap<String, usize> {
+        let provider = ProviderBuilder::new().connect_http(self.anvil.url.parse().expect("url"));
+        let ours: Vec<Address> = self.signers.iter().map(|s| s.address()).collect();
+        let latest = provider.get_block_number().await.expect("block number");
+        let mut markers = BTreeMap::new();
+        for n in 0..=latest {
+            let block = provider
+                .get_block_by_number(BlockNumberOrTag::Number(n))
+                .full()
+                .await
+                .expect("block")
+                .expect("block exists");
+            for tx in block.transactions.into_transactions() {
+                if ours.contains(&tx.inner.signer()) {
+                    let m = String::from_utf8_lossy(tx.input()).into_owned();
+                    *markers.entry(m).or_insert(0) += 1;
+                }
+            }
+        }
+        markers
+    }
+
+    /// How many transactions our signers have mined (the sum of their nonces at the latest block).
+    pub async fn mined_count(&self) -> u64 {
+        let provider = ProviderBuilder::new().connect_http(self.anvil.url.parse().expect("url"));
+        let mut n = 0;
+        for s in &self.signers {
+            n += provider
+                .get_transaction_count(s.address())
+                .latest()
+                .await
+                .expect("nonce");
+        }
+        n
+    }
+
+    /// anvil's `txpool_status`: `(pending, queued)`.
+    pub async fn pool_status(&self) -> (String, String) {
+        let provider = ProviderBuilder::new().connect_http(self.anvil.url.parse().expect("url"));
+        let pool: serde_json::Value = provider
+            .raw_request("txpool_status".into(), ())
+            .await
+            .expect("txpool_status");
+        (
+            pool["pending"].as_str().unwrap_or_default().to_string(),
+            pool["queued"].as_str().unwrap_or_default().to_string(),
+        )
+    }
+
+    /// Stops the in-process stages and waits for them.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(180), t).await;
+        }
+    }
+}
