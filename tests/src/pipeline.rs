@@ -34,7 +34,7 @@ pub struct Pipeline {
     pub config: Config,
     pub signers: Vec<PrivateKeySigner>,
     pub codec: RegistryCodec,
-    pub producer: FutureProducer,
+    producer: Option<FutureProducer>,
     shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -62,7 +62,15 @@ impl Pipeline {
 
     /// The infrastructure and funded signers, no stage yet.
     pub async fn prepare(signers: usize, customize: impl FnOnce(&mut Config)) -> Pipeline {
-        let anvil = AnvilNode::spawn().await;
+        Pipeline::prepare_on(AnvilNode::spawn().await, signers, customize).await
+    }
+
+    /// [`Pipeline::prepare`] on a chain the test started its own way (say, without mining).
+    pub async fn prepare_on(
+        anvil: AnvilNode,
+        signers: usize,
+        customize: impl FnOnce(&mut Config),
+    ) -> Pipeline {
         let db = TestDb::new().await;
         let mut config = Config {
             database_url: db.url.clone(),
@@ -87,7 +95,7 @@ impl Pipeline {
                 .expect("fund");
         }
         Pipeline {
-            producer: producer(&config.kafka),
+            producer: Some(producer(&config.kafka)),
             codec: RegistryCodec::new(registry_url()),
             anvil,
             db,
@@ -164,6 +172,17 @@ impl Pipeline {
         ]
     }
 
+    /// `TXFLOW_SIGNER_KEYS` for a `txflow signer-gateway` process holding the keys of
+    /// [`Pipeline::signers`] (test keys, made up for this run).
+    pub fn signer_keys_env(&self) -> (String, String) {
+        let keys: Vec<String> = self
+            .signers
+            .iter()
+            .map(|s| alloy::hex::encode_prefixed(s.to_bytes()))
+            .collect();
+        ("TXFLOW_SIGNER_KEYS".into(), keys.join(","))
+    }
+
     /// Signer `i`'s address, lowercase 0x-hex.
     pub fn signer(&self, i: usize) -> String {
         format!("{:#x}", self.signers[i].address())
@@ -204,9 +223,18 @@ impl Pipeline {
         self.send_to(&topic, key, bytes).await;
     }
 
+    /// Closes the test's producer: for tests that restart the broker, which librdkafka clients
+    /// may not survive (a metadata update after the broker came back without its topics can
+    /// crash the process, librdkafka issue #5280). Sending afterwards panics.
+    pub fn close_producer(&mut self) {
+        self.producer = None;
+    }
+
     /// Publishes raw bytes on `topic`.
     pub async fn send_to(&self, topic: &str, key: &str, bytes: &[u8]) {
         self.producer
+            .as_ref()
+            .expect("the producer is open")
             .send(
                 FutureRecord::to(topic).key(key).payload(bytes),
                 Duration::from_secs(30),
@@ -244,6 +272,11 @@ impl Pipeline {
             }
         }
         markers
+    }
+
+    /// A provider on the test's chain.
+    pub fn provider(&self) -> impl Provider + use<> {
+        ProviderBuilder::new().connect_http(self.anvil.url.parse().expect("url"))
     }
 
     /// How many transactions our signers have mined (the sum of their nonces at the latest block).

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use txflow_core::chain::Chain;
 use txflow_core::codec::RegistryCodec;
 use txflow_core::config::Config;
 use txflow_core::domain::{ChainId, NodeId};
@@ -31,11 +30,7 @@ pub async fn runtimes(
     lease: LeaseConfig,
 ) -> Result<(StageRuntime<Arc<RequestStage>>, StageRuntime<CommandStage>), RoleError> {
     let pool = txflow_core::db::connect(&config.database_url, 8).await?;
-    let url = config
-        .rpc_urls
-        .first()
-        .ok_or_else(|| RoleError::Config("TXFLOW_RPC_URLS is empty".into()))?;
-    let chain = Chain::connect(url, config.chain_id as u64)?;
+    let chain = config.chain()?;
     let stage = Arc::new(RequestStage {
         topics: config.topics.clone(),
         policy: Policy::from_config(config)?,

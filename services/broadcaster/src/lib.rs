@@ -427,23 +427,31 @@ impl BroadcastStage {
                 }
             }
         }
+        if passed.is_empty() && resent.is_empty() {
+            return Ok(());
+        }
+        // Zero rows is `Fenced` for a fenced statement: run each only with rows to touch.
         let resubmit_ms = self.resubmit_interval.as_millis() as i64;
         let mut tx = ctx.lease.begin(ctx.pool).await?;
-        let sql = format!(
-            "UPDATE tx_attempts SET next_resubmit_at = NULL
-             WHERE tx_id = ANY($6) AND next_resubmit_at IS NOT NULL AND {FENCE_PREDICATE}"
-        );
-        tx.writer()
-            .execute("resubmit", &sql, |q| q.bind(passed))
-            .await?;
-        let sql = format!(
-            "UPDATE tx_attempts SET last_submit_at = now(),
-                    next_resubmit_at = now() + $7 * interval '1 millisecond'
-             WHERE tx_id = ANY($6) AND next_resubmit_at IS NOT NULL AND {FENCE_PREDICATE}"
-        );
-        tx.writer()
-            .execute("resubmit", &sql, |q| q.bind(resent).bind(resubmit_ms))
-            .await?;
+        if !passed.is_empty() {
+            let sql = format!(
+                "UPDATE tx_attempts SET next_resubmit_at = NULL
+                 WHERE tx_id = ANY($6) AND next_resubmit_at IS NOT NULL AND {FENCE_PREDICATE}"
+            );
+            tx.writer()
+                .execute("resubmit", &sql, |q| q.bind(passed))
+                .await?;
+        }
+        if !resent.is_empty() {
+            let sql = format!(
+                "UPDATE tx_attempts SET last_submit_at = now(),
+                        next_resubmit_at = now() + $7 * interval '1 millisecond'
+                 WHERE tx_id = ANY($6) AND next_resubmit_at IS NOT NULL AND {FENCE_PREDICATE}"
+            );
+            tx.writer()
+                .execute("resubmit", &sql, |q| q.bind(resent).bind(resubmit_ms))
+                .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -456,11 +464,7 @@ pub async fn runtime(
     lease: LeaseConfig,
 ) -> Result<StageRuntime<BroadcastStage>, RoleError> {
     let pool = txflow_core::db::connect(&config.database_url, 8).await?;
-    let url = config
-        .rpc_urls
-        .first()
-        .ok_or_else(|| RoleError::Config("TXFLOW_RPC_URLS is empty".into()))?;
-    let chain = Chain::connect(url, config.chain_id as u64)?;
+    let chain = config.chain()?;
     let leases = LeaseManager::new(pool.clone(), Role::Broadcaster, node, lease)?;
     let sc = StageConfig::for_pipeline(config, "broadcaster", lease);
     let stage = BroadcastStage {

@@ -10,6 +10,10 @@ use alloy::signers::local::PrivateKeySigner;
 use alloy::transports::RpcError;
 use alloy::transports::TransportErrorKind;
 
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use crate::retry::{Classify, Retry};
 
 /// A failed RPC call, classified.
@@ -38,7 +42,7 @@ impl Classify for ChainError {
     fn retry(&self) -> Retry {
         match self {
             ChainError::Unavailable { .. } => Retry::Transient,
-            ChainError::Rpc { code, .. } if *code == -32005 || *code == 429 => Retry::Transient,
+            ChainError::Rpc { code, .. } if rate_limited(*code) => Retry::Transient,
             ChainError::Rpc { .. } | ChainError::InvalidUrl(_) => Retry::Permanent,
         }
     }
@@ -117,54 +121,229 @@ pub fn classify_send_error(code: i64, message: &str) -> SendOutcome {
     }
 }
 
-/// A JSON-RPC endpoint of one chain.
+/// Timeouts and retries of RPC calls (`TXFLOW_RPC_TIMEOUT_MS`, `TXFLOW_RPC_ATTEMPTS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RpcSettings {
+    /// A call without an answer after this long has failed (and is tried again).
+    pub timeout: Duration,
+    /// Rounds over the endpoints before a call fails; backoff doubles between rounds.
+    pub attempts: u32,
+    /// The pause before the second round.
+    pub backoff: Duration,
+}
+
+impl Default for RpcSettings {
+    fn default() -> Self {
+        RpcSettings {
+            timeout: Duration::from_secs(10),
+            attempts: 4,
+            backoff: Duration::from_millis(200),
+        }
+    }
+}
+
+/// How long an endpoint that failed is passed over: doubling per consecutive failure, 1 s to 30 s.
+fn down_for(failures: u32) -> Duration {
+    Duration::from_millis(1000u64.saturating_mul(1 << failures.saturating_sub(1).min(5)))
+        .min(Duration::from_secs(30))
+}
+
+/// What was seen of one endpoint lately.
+#[derive(Debug, Default)]
+struct Health {
+    failures: u32,
+    down_until: Option<Instant>,
+}
+
+/// One JSON-RPC endpoint of the chain.
+#[derive(Debug)]
+struct Endpoint {
+    /// `scheme://host:port` only: a URL's path or query may hold an API key, never logged.
+    name: String,
+    provider: DynProvider,
+    health: Mutex<Health>,
+}
+
+impl Endpoint {
+    fn health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Whether a failed call may succeed if made again (here or on another endpoint): no answer, an
+/// HTTP error status (5xx, 429), an unreadable answer, or a JSON-RPC "rate limited" / "limit
+/// exceeded" error. Any other JSON-RPC error is the node's answer.
+fn worth_retrying(e: &RpcError<TransportErrorKind>) -> bool {
+    match e {
+        RpcError::ErrorResp(p) => rate_limited(p.code),
+        _ => true,
+    }
+}
+
+/// JSON-RPC codes of "too many requests" (HTTP-style 429, EIP-1474's -32005 "limit exceeded").
+fn rate_limited(code: i64) -> bool {
+    code == 429 || code == -32005
+}
+
+/// The JSON-RPC endpoints of one chain, used in the configured order: an endpoint that fails is
+/// passed over (1 s, doubling to 30 s) while another answers; calls without an answer time out
+/// and are retried, with backoff, over all endpoints.
 #[derive(Clone, Debug)]
 pub struct Chain {
-    provider: DynProvider,
+    endpoints: Arc<Vec<Endpoint>>,
+    settings: RpcSettings,
     pub chain_id: u64,
 }
 
 impl Chain {
+    /// One endpoint, default settings.
     pub fn connect(url: &str, chain_id: u64) -> Result<Chain, ChainError> {
-        let url = url
-            .parse()
-            .map_err(|_| ChainError::InvalidUrl(url.to_string()))?;
-        let provider = ProviderBuilder::new()
-            .disable_recommended_fillers()
-            .connect_http(url)
-            .erased();
-        Ok(Chain { provider, chain_id })
+        Chain::connect_all(&[url.to_string()], chain_id, RpcSettings::default())
     }
 
+    /// Several endpoints of the same chain, tried in this order.
+    pub fn connect_all(
+        urls: &[String],
+        chain_id: u64,
+        settings: RpcSettings,
+    ) -> Result<Chain, ChainError> {
+        if urls.is_empty() {
+            return Err(ChainError::InvalidUrl("no RPC endpoint configured".into()));
+        }
+        let mut endpoints = Vec::with_capacity(urls.len());
+        for url in urls {
+            let parsed: reqwest::Url = url
+                .parse()
+                .map_err(|_| ChainError::InvalidUrl(redact(url)))?;
+            let name = redact(url);
+            let provider = ProviderBuilder::new()
+                .disable_recommended_fillers()
+                .connect_http(parsed)
+                .erased();
+            endpoints.push(Endpoint {
+                name,
+                provider,
+                health: Mutex::new(Health::default()),
+            });
+        }
+        Ok(Chain {
+            endpoints: Arc::new(endpoints),
+            settings: settings.normalized(),
+            chain_id,
+        })
+    }
+
+    /// The first endpoint's provider, for callers outside the pipeline (bench, tools).
     pub fn provider(&self) -> &DynProvider {
-        &self.provider
+        &self.endpoints[0].provider
+    }
+
+    /// Endpoint indexes in the order to try them: those not passed over, in configured order,
+    /// then the passed-over ones, the soonest back first. An endpoint whose pause has just ended
+    /// is claimed by this call as its probe (others keep passing it over until the probe's
+    /// timeout), so that a dead endpoint costs one call per pause, not one per concurrent call.
+    fn order(&self) -> Vec<usize> {
+        let now = Instant::now();
+        let mut up = Vec::new();
+        let mut down = Vec::new();
+        for (i, e) in self.endpoints.iter().enumerate() {
+            let mut h = e.health();
+            match h.down_until {
+                Some(t) if t > now => down.push((t, i)),
+                Some(_) => {
+                    h.down_until = Some(now + self.settings.timeout);
+                    up.push(i);
+                }
+                None => up.push(i),
+            }
+        }
+        down.sort();
+        up.extend(down.into_iter().map(|(_, i)| i));
+        up
+    }
+
+    /// Makes the call on the endpoints until one answers, with timeouts, failover and backoff.
+    async fn call<T, F, Fut>(
+        &self,
+        method: &'static str,
+        f: F,
+    ) -> Result<T, RpcError<TransportErrorKind>>
+    where
+        F: Fn(DynProvider) -> Fut,
+        Fut: Future<Output = Result<T, RpcError<TransportErrorKind>>>,
+    {
+        let mut last = None;
+        for round in 0..self.settings.attempts {
+            if round > 0 {
+                let pause = self
+                    .settings
+                    .backoff
+                    .saturating_mul(1 << (round - 1).min(5));
+                tokio::time::sleep(pause.min(Duration::from_secs(5))).await;
+            }
+            for i in self.order() {
+                let e = &self.endpoints[i];
+                let result = match tokio::time::timeout(
+                    self.settings.timeout,
+                    f(e.provider.clone()),
+                )
+                .await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(TransportErrorKind::custom_str(&format!(
+                        "no answer within {} ms",
+                        self.settings.timeout.as_millis()
+                    ))),
+                };
+                match result {
+                    Err(err) if worth_retrying(&err) => {
+                        let mut h = e.health();
+                        h.failures = h.failures.saturating_add(1);
+                        let pause = down_for(h.failures);
+                        h.down_until = Some(Instant::now() + pause);
+                        tracing::warn!(endpoint = %e.name, method, failures = h.failures, error = %err, passed_over_ms = pause.as_millis() as u64, "RPC endpoint failed");
+                        last = Some(err);
+                    }
+                    other => {
+                        let mut h = e.health();
+                        if h.failures > 0 {
+                            tracing::info!(endpoint = %e.name, method, "RPC endpoint answers again");
+                        }
+                        *h = Health::default();
+                        return other;
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| TransportErrorKind::custom_str("no RPC endpoint")))
     }
 
     /// The next nonce the chain expects, counting contiguous pending transactions.
     pub async fn pending_nonce(&self, address: Address) -> Result<u64, ChainError> {
-        self.provider
-            .get_transaction_count(address)
-            .pending()
-            .await
-            .map_err(|e| classify("eth_getTransactionCount", e))
+        self.call("eth_getTransactionCount", |p| async move {
+            p.get_transaction_count(address).pending().await
+        })
+        .await
+        .map_err(|e| classify("eth_getTransactionCount", e))
     }
 
     /// The number of transactions the signer has mined (the `latest` nonce).
     pub async fn latest_nonce(&self, address: Address) -> Result<u64, ChainError> {
-        self.provider
-            .get_transaction_count(address)
-            .latest()
-            .await
-            .map_err(|e| classify("eth_getTransactionCount", e))
+        self.call("eth_getTransactionCount", |p| async move {
+            p.get_transaction_count(address).latest().await
+        })
+        .await
+        .map_err(|e| classify("eth_getTransactionCount", e))
     }
 
     /// Whether the node knows a transaction by this hash (pooled or mined).
     pub async fn knows_transaction(&self, hash: B256) -> Result<bool, ChainError> {
-        self.provider
-            .get_transaction_by_hash(hash)
-            .await
-            .map(|t| t.is_some())
-            .map_err(|e| classify("eth_getTransactionByHash", e))
+        self.call("eth_getTransactionByHash", |p| async move {
+            p.get_transaction_by_hash(hash).await
+        })
+        .await
+        .map(|t| t.is_some())
+        .map_err(|e| classify("eth_getTransactionByHash", e))
     }
 
     /// Simulates the call with `eth_estimateGas`.
@@ -180,7 +359,13 @@ impl Chain {
             .to(to)
             .value(value)
             .input(data.into());
-        match self.provider.estimate_gas(tx).await {
+        let result = self
+            .call("eth_estimateGas", |p| {
+                let tx = tx.clone();
+                async move { p.estimate_gas(tx).await }
+            })
+            .await;
+        match result {
             Ok(gas) => Ok(Simulation::Ok { gas }),
             Err(RpcError::ErrorResp(p)) if p.code == 3 || p.message.contains("revert") => {
                 Ok(Simulation::Reverts {
@@ -203,20 +388,50 @@ impl Chain {
     /// EIP-1559 fees from `eth_feeHistory`: (max fee, max priority fee).
     pub async fn fees(&self) -> Result<(u128, u128), ChainError> {
         let est = self
-            .provider
-            .estimate_eip1559_fees()
+            .call("eth_feeHistory", |p| async move {
+                p.estimate_eip1559_fees().await
+            })
             .await
             .map_err(|e| classify("eth_feeHistory", e))?;
         Ok((est.max_fee_per_gas, est.max_priority_fee_per_gas))
     }
 
-    /// Sends a signed transaction and classifies the answer.
+    /// Sends a signed transaction and classifies the answer. Sending the same bytes again is
+    /// safe (the node answers "already known" or, once mined, "nonce too low"), so a send without
+    /// an answer is retried like any other call.
     pub async fn send_raw(&self, raw: &[u8]) -> Result<SendOutcome, ChainError> {
-        match self.provider.send_raw_transaction(raw).await {
-            Ok(_) => Ok(SendOutcome::Accepted),
+        let result = self
+            .call("eth_sendRawTransaction", |p| async move {
+                p.send_raw_transaction(raw).await.map(|_| ())
+            })
+            .await;
+        match result {
+            Ok(()) => Ok(SendOutcome::Accepted),
             Err(RpcError::ErrorResp(p)) => Ok(classify_send_error(p.code, &p.message)),
             Err(e) => Err(classify("eth_sendRawTransaction", e)),
         }
+    }
+}
+
+impl RpcSettings {
+    fn normalized(self) -> RpcSettings {
+        RpcSettings {
+            attempts: self.attempts.max(1),
+            ..self
+        }
+    }
+}
+
+/// `scheme://host:port` of a URL: what may be logged of an endpoint.
+fn redact(url: &str) -> String {
+    match url.parse::<reqwest::Url>() {
+        Ok(u) => format!(
+            "{}://{}{}",
+            u.scheme(),
+            u.host_str().unwrap_or("?"),
+            u.port().map(|p| format!(":{p}")).unwrap_or_default()
+        ),
+        Err(_) => "<invalid url>".into(),
     }
 }
 
@@ -275,6 +490,52 @@ pub fn sign(signer: &PrivateKeySigner, tx: &UnsignedTx) -> Result<SignedTx, Sign
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failing_endpoint_is_passed_over_longer_each_time_up_to_30_s() {
+        assert_eq!(down_for(1), Duration::from_secs(1));
+        assert_eq!(down_for(2), Duration::from_secs(2));
+        assert_eq!(down_for(5), Duration::from_secs(16));
+        assert_eq!(down_for(6), Duration::from_secs(30));
+        assert_eq!(down_for(60), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn endpoint_names_never_carry_paths_or_keys() {
+        assert_eq!(
+            redact("https://user:pw@mainnet.example.com/v3/SECRETKEY?x=1"),
+            "https://mainnet.example.com"
+        );
+        assert_eq!(redact("http://127.0.0.1:8545"), "http://127.0.0.1:8545");
+        assert_eq!(redact("not a url"), "<invalid url>");
+    }
+
+    #[test]
+    fn endpoints_that_failed_are_tried_last() {
+        let c = Chain::connect_all(
+            &["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()],
+            1,
+            RpcSettings::default(),
+        )
+        .expect("urls");
+        assert_eq!(c.order(), vec![0, 1]);
+        c.endpoints[0].health().down_until = Some(Instant::now() + Duration::from_secs(5));
+        assert_eq!(c.order(), vec![1, 0]);
+        // Its pause over, one call probes it; concurrent calls keep passing it over meanwhile.
+        c.endpoints[0].health().down_until = Some(Instant::now() - Duration::from_millis(1));
+        assert_eq!(c.order(), vec![0, 1]);
+        assert_eq!(c.order(), vec![1, 0]);
+        assert!(Chain::connect_all(&[], 1, RpcSettings::default()).is_err());
+    }
+
+    #[test]
+    fn only_answers_that_may_change_are_retried() {
+        assert!(worth_retrying(&TransportErrorKind::custom_str("timeout")));
+        assert!(rate_limited(429));
+        assert!(rate_limited(-32005));
+        assert!(!rate_limited(3), "a revert is an answer");
+        assert!(!rate_limited(-32000));
+    }
 
     #[test]
     fn send_errors_are_classified_by_message() {

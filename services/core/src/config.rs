@@ -51,6 +51,11 @@ pub struct Config {
     /// `TXFLOW_RESUBMIT_INTERVAL_MS`: a submitted transaction not mined after this long is sent
     /// again (the node may have dropped it).
     pub resubmit_interval_ms: u64,
+    /// An RPC call without an answer after this long has failed and is retried
+    /// (`TXFLOW_RPC_TIMEOUT_MS`, default 10000).
+    pub rpc_timeout_ms: u64,
+    /// Rounds over the RPC endpoints before a call fails (`TXFLOW_RPC_ATTEMPTS`, default 4).
+    pub rpc_attempts: u32,
 }
 
 /// A secret value whose `Debug` never shows it.
@@ -113,6 +118,8 @@ impl Default for Config {
             signer_keystore: None,
             signer_keystore_password_file: None,
             resubmit_interval_ms: 15_000,
+            rpc_timeout_ms: 10_000,
+            rpc_attempts: 4,
         }
     }
 }
@@ -124,6 +131,20 @@ impl Config {
             Some(name) => crate::domain::NodeId::generate_named(name),
             None => crate::domain::NodeId::generate(),
         }
+    }
+
+    /// The chain's JSON-RPC endpoints (`TXFLOW_RPC_URLS`, in order) with the RPC timeouts and
+    /// retries of this configuration.
+    pub fn chain(&self) -> Result<crate::chain::Chain, crate::chain::ChainError> {
+        crate::chain::Chain::connect_all(
+            &self.rpc_urls,
+            self.chain_id as u64,
+            crate::chain::RpcSettings {
+                timeout: std::time::Duration::from_millis(self.rpc_timeout_ms),
+                attempts: self.rpc_attempts,
+                ..Default::default()
+            },
+        )
     }
 
     /// The lease timings from `TXFLOW_LEASE_MS`: renewal every third, clock skew a tenth (at most
@@ -260,6 +281,30 @@ impl Config {
                         var: "TXFLOW_RESUBMIT_INTERVAL_MS",
                         value: v,
                         why: "expected milliseconds, at least 100",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_RPC_TIMEOUT_MS") {
+            c.rpc_timeout_ms = match v.parse::<u64>() {
+                Ok(n) if (50..=600_000).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_RPC_TIMEOUT_MS",
+                        value: v,
+                        why: "expected milliseconds between 50 and 600000",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_RPC_ATTEMPTS") {
+            c.rpc_attempts = match v.parse::<u32>() {
+                Ok(n) if (1..=20).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_RPC_ATTEMPTS",
+                        value: v,
+                        why: "expected a whole number between 1 and 20",
                     });
                 }
             };

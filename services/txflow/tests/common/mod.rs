@@ -1,0 +1,147 @@
+//! Shared by the tests that run `txflow` stage processes: a supervisor that restarts a stage
+//! process whenever it dies, as a deployment's process manager would.
+
+// Each test binary uses part of it.
+#![allow(dead_code)]
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+use txflow_tests::{unique, wait_until};
+
+const LONG: Duration = Duration::from_secs(600);
+
+/// A stage process restarted whenever it dies, with the next fault of its schedule each time
+/// (`TXFLOW_FAULT`; a run that aborts there moves on to the next). What ended each run is
+/// returned by [`Supervised::finish`]: the fault point, `kill -9`, `signal N` or `exit N`.
+pub struct Supervised {
+    pub role: &'static str,
+    pid: Arc<AtomicU32>,
+    killed: Arc<AtomicU32>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<Vec<String>, String>>,
+}
+
+fn tail(log: &PathBuf) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+impl Supervised {
+    pub fn start(
+        role: &'static str,
+        env: Vec<(String, String)>,
+        schedule: &[&'static str],
+    ) -> Supervised {
+        let pid = Arc::new(AtomicU32::new(0));
+        let stop = CancellationToken::new();
+        let schedule: Vec<&'static str> = schedule.to_vec();
+        let killed = Arc::new(AtomicU32::new(0));
+        let (pid2, killed2, stop2) = (pid.clone(), killed.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut crashes = Vec::new();
+            let mut next = 0;
+            for run in 0.. {
+                let fault = schedule.get(next).copied();
+                let log = std::env::temp_dir().join(format!("{}.log", unique(role)));
+                let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+                let mut cmd = Command::new(env!("CARGO_BIN_EXE_txflow"));
+                cmd.arg(role)
+                    .envs(env.iter().cloned())
+                    .env("TXFLOW_NODE_NAME", format!("{role}-{run}"))
+                    // A short lease, so that a dead owner's signers are taken over soon.
+                    .env("TXFLOW_LEASE_MS", "3000")
+                    .env("TXFLOW_LOG", "info")
+                    .env_remove("TXFLOW_PAUSE_AT")
+                    .stdout(Stdio::null())
+                    .stderr(file)
+                    .kill_on_drop(true);
+                match fault {
+                    Some(f) => cmd.env("TXFLOW_FAULT", f),
+                    None => cmd.env_remove("TXFLOW_FAULT"),
+                };
+                let mut child = cmd.spawn().map_err(|e| format!("spawn {role}: {e}"))?;
+                pid2.store(child.id().unwrap_or(0), Ordering::SeqCst);
+                tokio::select! {
+                    status = child.wait() => {
+                        let status = status.map_err(|e| e.to_string())?;
+                        match status.signal() {
+                            // SIGABRT: the fault point fired.
+                            Some(6) => {
+                                crashes.push(fault.unwrap_or("abort").to_string());
+                                next += 1;
+                            }
+                            // SIGKILL: the test's own kill -9.
+                            Some(9) => {
+                                crashes.push("kill -9".to_string());
+                                killed2.fetch_add(1, Ordering::SeqCst);
+                            }
+                            // Anything else (a crash of its own, an exit on an error): a
+                            // process manager restarts it; the test decides what is allowed.
+                            Some(sig) => {
+                                eprintln!("{role} run {run} died of signal {sig}:\n{}", tail(&log));
+                                crashes.push(format!("signal {sig}"));
+                            }
+                            None => {
+                                eprintln!("{role} run {run} ended by itself ({status}):\n{}", tail(&log));
+                                crashes.push(format!("exit {}", status.code().unwrap_or(-1)));
+                            }
+                        }
+                        if !matches!(status.signal(), Some(6 | 9)) {
+                            // A process manager's restart delay: a process that cannot start
+                            // does not spin.
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    }
+                    _ = stop2.cancelled() => {
+                        let _ = child.kill().await;
+                        return Ok(crashes);
+                    }
+                }
+            }
+            Ok(crashes)
+        });
+        Supervised {
+            role,
+            pid,
+            killed,
+            stop,
+            task,
+        }
+    }
+
+    /// `kill -9` of the running process; sent again until one has died of it (the process may be
+    /// between runs when the first is sent).
+    pub async fn kill_9(&self) {
+        let before = self.killed.load(Ordering::SeqCst);
+        wait_until("the stage dies of kill -9", LONG, || async {
+            if self.killed.load(Ordering::SeqCst) > before {
+                return true;
+            }
+            let pid = self.pid.load(Ordering::SeqCst);
+            if pid > 0 {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status();
+            }
+            false
+        })
+        .await;
+    }
+
+    pub async fn finish(self) -> Vec<String> {
+        self.stop.cancel();
+        match self.task.await {
+            Ok(Ok(crashes)) => crashes,
+            Ok(Err(e)) => panic!("{e}"),
+            Err(e) => panic!("{} supervisor: {e}", self.role),
+        }
+    }
+}

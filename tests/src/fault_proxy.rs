@@ -1,0 +1,262 @@
+//! A JSON-RPC fault proxy (in-process, hyper): forwards every request to an upstream node, except
+//! where a [`Rule`] says to fail it — an HTTP status (5xx, 429), a delay (past the client's timeout),
+//! a dropped connection, a JSON-RPC error, or "forward, then lose the response" (the node acts, the
+//! client never hears). It counts what it saw and what it did, so that a test can check the faults
+//! really happened.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+/// What to do instead of (or around) forwarding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Answer with this HTTP status and no JSON-RPC body (502, 503, 429, …).
+    Status(u16),
+    /// Wait this long, then forward.
+    Delay(Duration),
+    /// Close the connection without answering.
+    Reset,
+    /// Answer with this JSON-RPC error, without forwarding.
+    RpcError { code: i64, message: String },
+    /// Forward, then close the connection without passing the answer on.
+    ForwardThenLose,
+}
+
+impl Fault {
+    fn label(&self) -> &'static str {
+        match self {
+            Fault::Status(_) => "status",
+            Fault::Delay(_) => "delay",
+            Fault::Reset => "reset",
+            Fault::RpcError { .. } => "rpc_error",
+            Fault::ForwardThenLose => "forward_then_lose",
+        }
+    }
+}
+
+/// Applies `fault` to every `every`-th call (1-based: calls `every`, `2·every`, …) of `method`
+/// (`None`: of every method). The first rule that fires wins.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub method: Option<String>,
+    pub every: u64,
+    pub fault: Fault,
+}
+
+impl Rule {
+    pub fn on(method: &str, every: u64, fault: Fault) -> Rule {
+        Rule {
+            method: Some(method.to_string()),
+            every: every.max(1),
+            fault,
+        }
+    }
+
+    pub fn all(every: u64, fault: Fault) -> Rule {
+        Rule {
+            method: None,
+            every: every.max(1),
+            fault,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    /// Calls seen per method.
+    calls: BTreeMap<String, u64>,
+    /// Faults applied per (method, fault kind).
+    faults: BTreeMap<(String, &'static str), u64>,
+}
+
+struct State {
+    upstream: String,
+    client: reqwest::Client,
+    rules: Mutex<Vec<Rule>>,
+    counts: Mutex<Counts>,
+}
+
+/// A running proxy, stopped when dropped.
+pub struct FaultProxy {
+    pub url: String,
+    state: Arc<State>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// A proxy on a free port in front of `upstream`, with `rules`.
+    pub async fn start(upstream: &str, rules: Vec<Rule>) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let state = Arc::new(State {
+            upstream: upstream.to_string(),
+            client: reqwest::Client::new(),
+            rules: Mutex::new(rules),
+            counts: Mutex::new(Counts::default()),
+        });
+        let s = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| handle(s.clone(), req));
+                    // A connection ends with an error when a fault drops it: expected.
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        FaultProxy {
+            url: format!("http://127.0.0.1:{port}"),
+            state,
+            task,
+        }
+    }
+
+    /// Replaces the rules (an empty list: forward everything).
+    pub fn set_rules(&self, rules: Vec<Rule>) {
+        *self.state.rules.lock().unwrap_or_else(|p| p.into_inner()) = rules;
+    }
+
+    /// Calls seen, per method.
+    pub fn calls(&self) -> BTreeMap<String, u64> {
+        self.state
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .calls
+            .clone()
+    }
+
+    /// All calls seen.
+    pub fn total_calls(&self) -> u64 {
+        self.calls().values().sum()
+    }
+
+    /// Faults applied, per (method, kind: `status`, `delay`, `reset`, `rpc_error`,
+    /// `forward_then_lose`).
+    pub fn faults(&self) -> BTreeMap<(String, &'static str), u64> {
+        self.state
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .faults
+            .clone()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The dropped connection of [`Fault::Reset`] and [`Fault::ForwardThenLose`]: hyper closes the
+/// connection without a response when the service fails.
+#[derive(Debug)]
+struct Dropped;
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection dropped by the fault proxy")
+    }
+}
+
+impl std::error::Error for Dropped {}
+
+fn respond(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+async fn forward(s: &State, body: Bytes) -> Response<Full<Bytes>> {
+    let sent = s
+        .client
+        .post(&s.upstream)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await;
+    match sent {
+        Ok(r) => {
+            let status = StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::OK);
+            let bytes = r.bytes().await.unwrap_or_default();
+            respond(status, bytes)
+        }
+        Err(_) => respond(StatusCode::BAD_GATEWAY, Bytes::new()),
+    }
+}
+
+async fn handle(
+    s: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Box<dyn std::error::Error + Send + Sync>> {
+    let body = req.into_body().collect().await?.to_bytes();
+    let parsed: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let first = if parsed.is_array() {
+        parsed[0].clone()
+    } else {
+        parsed
+    };
+    let method = first["method"].as_str().unwrap_or("?").to_string();
+    let id = first["id"].clone();
+    let fault = {
+        let rules = s.rules.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut counts = s.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = {
+            let c = counts.calls.entry(method.clone()).or_insert(0);
+            *c += 1;
+            *c
+        };
+        let fault = rules
+            .into_iter()
+            .find(|r| r.method.as_deref().is_none_or(|m| m == method) && n % r.every == 0)
+            .map(|r| r.fault);
+        if let Some(f) = &fault {
+            *counts
+                .faults
+                .entry((method.clone(), f.label()))
+                .or_insert(0) += 1;
+        }
+        fault
+    };
+    match fault {
+        None => Ok(forward(&s, body).await),
+        Some(Fault::Status(code)) => Ok(respond(
+            StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY),
+            Bytes::from_static(b"injected failure"),
+        )),
+        Some(Fault::Delay(d)) => {
+            tokio::time::sleep(d).await;
+            Ok(forward(&s, body).await)
+        }
+        Some(Fault::Reset) => Err(Box::new(Dropped)),
+        Some(Fault::RpcError { code, message }) => {
+            let answer = serde_json::json!({
+                "jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}
+            });
+            Ok(respond(StatusCode::OK, Bytes::from(answer.to_string())))
+        }
+        Some(Fault::ForwardThenLose) => {
+            let _ = forward(&s, body).await;
+            Err(Box::new(Dropped))
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The request-to-chain pipeline behind a failing JSON-RPC endpoint (issue 6): HTTP 5xx and 429,
+//! answers later than the client's timeout, dropped connections, rate-limit errors on every
+//! method, and `eth_sendRawTransaction` answers lost after the node took the transaction; and two
+//! endpoints of which one is dead. No request is lost and none is mined twice (checked on the
+//! chain, by marker), and the proxy's own counts show the faults really happened.
+
+use std::time::Duration;
+
+use txflow_tests::fault_proxy::{Fault, FaultProxy, Rule};
+use txflow_tests::pipeline::Pipeline;
+use txflow_tests::wait_until;
+
+const LONG: Duration = Duration::from_secs(300);
+
+async fn check_every_request_mined_once(p: &Pipeline, ids: &[String]) {
+    let markers = p.mined_markers().await;
+    for id in ids {
+        assert_eq!(
+            markers.get(&format!("txflow:{id}")),
+            Some(&1),
+            "{id} has exactly one mined transaction: {markers:?}"
+        );
+    }
+    assert_eq!(markers.len(), ids.len(), "nothing else was mined");
+    assert_eq!(
+        p.count(
+            "SELECT count(*) FROM (SELECT signer, nonce FROM managed_tx WHERE nonce IS NOT NULL
+             GROUP BY signer, nonce HAVING count(*) > 1) d"
+        )
+        .await,
+        0,
+        "(signer, nonce) unique"
+    );
+    assert_eq!(
+        p.pool_status().await,
+        ("0x0".to_string(), "0x0".to_string())
+    );
+}
+
+#[tokio::test]
+async fn failures_on_every_rpc_method_and_lost_send_answers_lose_nothing_and_duplicate_nothing() {
+    let mut p = Pipeline::prepare(3, |_| {}).await;
+    let delay = Duration::from_millis(1500);
+    let proxy = FaultProxy::start(
+        &p.anvil.url,
+        vec![
+            // The node takes every second transaction, and its answer never arrives.
+            Rule::on("eth_sendRawTransaction", 2, Fault::ForwardThenLose),
+            Rule::all(3, Fault::Status(503)),
+            Rule::all(5, Fault::Status(429)),
+            Rule::all(7, Fault::Delay(delay)),
+            Rule::all(11, Fault::Reset),
+            Rule::all(
+                13,
+                Fault::RpcError {
+                    code: -32005,
+                    message: "limit exceeded".into(),
+                },
+            ),
+        ],
+    )
+    .await;
+    p.config.rpc_urls = vec![proxy.url.clone()];
+    // Shorter than the injected delay: a delayed answer is a timeout to the client.
+    p.config.rpc_timeout_ms = 1000;
+    let config = p.config.clone();
+    p.start_allocator(&config, "alloc-1").await;
+    p.start_signer_gateway(&config).await;
+    p.start_broadcaster(&config).await;
+
+    let ids: Vec<String> = (0..30).map(|i| format!("rpc-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        p.send(&p.request(i % 3, id)).await;
+    }
+    wait_until("every request is mined", LONG, || async {
+        p.mined_count().await >= ids.len() as u64
+    })
+    .await;
+    check_every_request_mined_once(&p, &ids).await;
+    assert_eq!(
+        p.count("SELECT count(*) FROM managed_tx WHERE state <> 'SUBMITTED'")
+            .await,
+        0,
+        "nothing failed"
+    );
+
+    let calls = proxy.calls();
+    let faults = proxy.faults();
+    eprintln!("calls: {calls:?}\nfaults: {faults:?}");
+    for (method, n) in &calls {
+        if *n >= 3 {
+            assert!(
+                faults.keys().any(|(m, _)| m == method),
+                "{method} ({n} calls) saw faults: {faults:?}"
+            );
+        }
+    }
+    for method in [
+        "eth_estimateGas",
+        "eth_getTransactionCount",
+        "eth_sendRawTransaction",
+    ] {
+        assert!(calls.get(method).is_some_and(|n| *n >= 3), "{calls:?}");
+    }
+    assert!(
+        faults
+            .get(&("eth_sendRawTransaction".to_string(), "forward_then_lose"))
+            .is_some_and(|n| *n >= 5),
+        "sends were lost after the node took them: {faults:?}"
+    );
+    for kind in ["status", "delay", "reset", "rpc_error"] {
+        assert!(
+            faults.keys().any(|(_, k)| *k == kind),
+            "{kind} was injected: {faults:?}"
+        );
+    }
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn with_one_of_two_endpoints_dead_the_traffic_goes_to_the_other() {
+    let mut p = Pipeline::prepare(2, |_| {}).await;
+    // The first endpoint drops every connection; the second is fine.
+    let dead = FaultProxy::start(&p.anvil.url, vec![Rule::all(1, Fault::Reset)]).await;
+    let good = FaultProxy::start(&p.anvil.url, vec![]).await;
+    p.config.rpc_urls = vec![dead.url.clone(), good.url.clone()];
+    let config = p.config.clone();
+    p.start_allocator(&config, "alloc-1").await;
+    p.start_signer_gateway(&config).await;
+    p.start_broadcaster(&config).await;
+
+    let started = std::time::Instant::now();
+    let ids: Vec<String> = (0..30).map(|i| format!("two-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        p.send(&p.request(i % 2, id)).await;
+    }
+    wait_until("every request is mined", LONG, || async {
+        p.mined_count().await >= ids.len() as u64
+    })
+    .await;
+    check_every_request_mined_once(&p, &ids).await;
+
+    let (to_dead, to_good) = (dead.total_calls(), good.total_calls());
+    eprintln!("calls to the dead endpoint: {to_dead}, to the good one: {to_good}");
+    assert!(
+        to_good >= 3 * ids.len() as u64,
+        "the good endpoint carried the work: {to_good}"
+    );
+    // After its first failure the dead one gets one probe per pause (1, 2, 4, 8, 16, 30, 30… s)
+    // from each of the two stages that call the chain, never the work.
+    let probes_per_stage = 2 + started.elapsed().as_secs() / 30 + 6;
+    assert!(
+        to_dead <= 2 * probes_per_stage,
+        "the dead endpoint is passed over: {to_dead} calls in {:?} (good: {to_good})",
+        started.elapsed()
+    );
+    p.stop().await;
+}
