@@ -77,12 +77,14 @@ async fn failures_on_every_rpc_method_and_lost_send_answers_lose_nothing_and_dup
     })
     .await;
     check_every_request_mined_once(&p, &ids).await;
-    assert_eq!(
+    // A transaction mined before its send was answered is recorded SUBMITTED by a later send
+    // ("nonce too low" for a hash the chain knows); none fails.
+    wait_until("every request is recorded SUBMITTED", LONG, || async {
         p.count("SELECT count(*) FROM managed_tx WHERE state <> 'SUBMITTED'")
-            .await,
-        0,
-        "nothing failed"
-    );
+            .await
+            == 0
+    })
+    .await;
 
     let calls = proxy.calls();
     let faults = proxy.faults();
@@ -129,30 +131,42 @@ async fn with_one_of_two_endpoints_dead_the_traffic_goes_to_the_other() {
     p.start_signer_gateway(&config).await;
     p.start_broadcaster(&config).await;
 
-    let started = std::time::Instant::now();
+    // A first request: every stage's first calls go to the dead endpoint, all at once, before
+    // any has failed.
+    p.send(&p.request(0, "warm-up")).await;
+    wait_until("the first request is mined", LONG, || async {
+        p.mined_count().await >= 1
+    })
+    .await;
+    let (dead_before, good_before) = (dead.total_calls(), good.total_calls());
+
     let ids: Vec<String> = (0..30).map(|i| format!("two-{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
         p.send(&p.request(i % 2, id)).await;
     }
     wait_until("every request is mined", LONG, || async {
-        p.mined_count().await >= ids.len() as u64
+        p.mined_count().await > ids.len() as u64
     })
     .await;
-    check_every_request_mined_once(&p, &ids).await;
+    let mut all = ids.clone();
+    all.push("warm-up".into());
+    check_every_request_mined_once(&p, &all).await;
 
-    let (to_dead, to_good) = (dead.total_calls(), good.total_calls());
-    eprintln!("calls to the dead endpoint: {to_dead}, to the good one: {to_good}");
+    let to_dead = dead.total_calls() - dead_before;
+    let to_good = good.total_calls() - good_before;
+    eprintln!(
+        "before the run: {dead_before} calls to the dead endpoint, {good_before} to the good one; \
+         during it: {to_dead} and {to_good}"
+    );
     assert!(
-        to_good >= 3 * ids.len() as u64,
+        to_good >= 2 * ids.len() as u64,
         "the good endpoint carried the work: {to_good}"
     );
-    // After its first failure the dead one gets one probe per pause (1, 2, 4, 8, 16, 30, 30… s)
-    // from each of the two stages that call the chain, never the work.
-    let probes_per_stage = 2 + started.elapsed().as_secs() / 30 + 6;
+    // Once it has failed, the dead endpoint gets one probe per pause (1, 2, 4, … s) from each of
+    // the two stages that call the chain, never the work.
     assert!(
-        to_dead <= 2 * probes_per_stage,
-        "the dead endpoint is passed over: {to_dead} calls in {:?} (good: {to_good})",
-        started.elapsed()
+        to_dead <= 10,
+        "the dead endpoint is passed over: {to_dead} calls during the run (good: {to_good})"
     );
     p.stop().await;
 }

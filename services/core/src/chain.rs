@@ -102,7 +102,19 @@ pub enum SendOutcome {
 pub fn classify_send_error(code: i64, message: &str) -> SendOutcome {
     let m = message.to_ascii_lowercase();
     let reason = format!("{code}: {message}");
-    if m.contains("already known") || m.contains("already imported") {
+    if rate_limited(code)
+        || code == -32603
+        || m.contains("rate limit")
+        || m.contains("too many requests")
+        || m.contains("timeout")
+        || m.contains("timed out")
+    {
+        // About the node, not the transaction: it may or may not have taken it.
+        SendOutcome::Rejected {
+            retryable: true,
+            reason,
+        }
+    } else if m.contains("already known") || m.contains("already imported") {
         SendOutcome::PossiblySent { reason }
     } else if m.contains("nonce too low") {
         SendOutcome::NonceTooLow { reason }
@@ -562,6 +574,23 @@ mod tests {
                 ..
             }
         ));
+        for (code, message) in [
+            (-32005, "limit exceeded"),
+            (429, "too many requests"),
+            (-32603, "internal error"),
+            (-32000, "request timed out"),
+        ] {
+            assert!(
+                matches!(
+                    classify_send_error(code, message),
+                    SendOutcome::Rejected {
+                        retryable: true,
+                        ..
+                    }
+                ),
+                "{code} {message}: the node's trouble, not the transaction's"
+            );
+        }
         assert!(matches!(
             classify_send_error(-32602, "Failed to decode transaction"),
             SendOutcome::Rejected {
