@@ -5,7 +5,9 @@ root="$(cd "$here/../.." && pwd)"
 source "$here/env.sh"
 cd "$root"
 "$here/install.sh" --background-registry
-cargo build -p txflow --locked
+# The same build as `make test` (deploy/local/test.sh): one set of artifacts, no dependency built
+# twice with different features.
+cargo build --workspace --all-targets --locked
 "$here/install.sh" --wait-registry
 eval "$("$here/start.sh")"
 psql "$TXFLOW_PG_ADMIN_URL" -qtAc "SELECT 1 FROM pg_database WHERE datname = 'txflow'" | grep -q 1 \
