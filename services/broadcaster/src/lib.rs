@@ -75,8 +75,13 @@ impl Handler for BroadcastStage {
         let mut signers =
             txflow_core::stage::signers_in_states(pool, self.chain_id, &["SIGNED"]).await?;
         let due: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT DISTINCT m.chain_id, m.signer FROM tx_attempts a JOIN managed_tx m ON m.tx_id = a.tx_id
-             WHERE a.next_resubmit_at <= now() AND m.chain_id = $1 AND m.state = 'SUBMITTED'",
+            // Due attempts first (the partial index on next_resubmit_at), then their rows by key:
+            // the join order does not depend on the planner's statistics.
+            "WITH due AS MATERIALIZED (
+                 SELECT DISTINCT tx_id FROM tx_attempts
+                 WHERE next_resubmit_at IS NOT NULL AND next_resubmit_at <= now())
+             SELECT DISTINCT m.chain_id, m.signer FROM due JOIN managed_tx m ON m.tx_id = due.tx_id
+             WHERE m.chain_id = $1 AND m.state = 'SUBMITTED'",
         )
         .bind(self.chain_id.0)
         .fetch_all(pool)
