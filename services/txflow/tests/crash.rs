@@ -118,6 +118,11 @@ async fn every_request_mines_exactly_once_while_each_stage_is_killed_at_each_fau
         "(signer, nonce) unique"
     );
     assert_eq!(
+        p.count("SELECT count(*) FROM tx_attempts").await,
+        REQUESTS as i64,
+        "one signed attempt per request: a persisted attempt is sent again, never signed again"
+    );
+    assert_eq!(
         p.pool_status().await,
         ("0x0".to_string(), "0x0".to_string()),
         "nothing left in anvil's pool"
