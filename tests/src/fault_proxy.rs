@@ -43,12 +43,15 @@ impl Fault {
     }
 }
 
-/// Applies `fault` to every `every`-th call (1-based: calls `every`, `2·every`, …) of `method`
-/// (`None`: of every method). The first rule that fires wins.
+/// Applies `fault` to the calls of `method` (`None`: of every method) whose 1-based number `n`
+/// (counted per method) has `n % every == offset`: by default calls `every`, `2·every`, …
+/// Rules with one `every` and distinct offsets never fire on the same call, and leave the calls
+/// between them alone. The first rule that fires wins.
 #[derive(Debug, Clone)]
 pub struct Rule {
     pub method: Option<String>,
     pub every: u64,
+    pub offset: u64,
     pub fault: Fault,
 }
 
@@ -57,6 +60,7 @@ impl Rule {
         Rule {
             method: Some(method.to_string()),
             every: every.max(1),
+            offset: 0,
             fault,
         }
     }
@@ -65,7 +69,16 @@ impl Rule {
         Rule {
             method: None,
             every: every.max(1),
+            offset: 0,
             fault,
+        }
+    }
+
+    /// The same rule on the calls with `n % every == offset` instead.
+    pub fn offset(self, offset: u64) -> Rule {
+        Rule {
+            offset: offset % self.every,
+            ..self
         }
     }
 }
@@ -227,7 +240,7 @@ async fn handle(
         };
         let fault = rules
             .into_iter()
-            .find(|r| r.method.as_deref().is_none_or(|m| m == method) && n % r.every == 0)
+            .find(|r| r.method.as_deref().is_none_or(|m| m == method) && n % r.every == r.offset)
             .map(|r| r.fault);
         if let Some(f) = &fault {
             *counts

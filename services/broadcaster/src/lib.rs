@@ -99,7 +99,11 @@ impl Handler for BroadcastStage {
 
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
         let outputs = self.send_signed(&ctx).await?;
-        self.resubmit(&ctx).await?;
+        // Resubmissions are due every few seconds at most: the recovery scan's drives (which
+        // include every signer with one due) are enough, not every batch's.
+        if ctx.recovery {
+            self.resubmit(&ctx).await?;
+        }
         Ok(outputs)
     }
 }

@@ -82,10 +82,16 @@ impl Handler for SignStage {
         txflow_core::stage::signers_in_states(pool, self.chain_id, &["ALLOCATED"]).await
     }
 
-    /// Signs the signer's ALLOCATED transactions straight from PostgreSQL, in nonce order: what
-    /// recovers a TxAllocated event that was never produced (a crash between the allocator's
-    /// commit and its produce) or that a broker lost.
+    /// On the recovery scan (start, assignment, every few seconds), signs the signer's ALLOCATED
+    /// transactions straight from PostgreSQL, in nonce order: what recovers a TxAllocated event
+    /// that was never produced (a crash between the allocator's commit and its produce) or that a
+    /// broker lost.
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+        // Right after a batch, the rows the allocator committed next are on their way as events:
+        // signing them here would only sign ahead of their events and announce each twice.
+        if !ctx.recovery {
+            return Ok(Vec::new());
+        }
         let key = ctx.lease.key();
         let rows: Vec<(uuid::Uuid,)> = sqlx::query_as(
             "SELECT tx_id FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND state = 'ALLOCATED'
