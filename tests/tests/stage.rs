@@ -476,24 +476,40 @@ async fn a_paused_instance_resumed_after_the_takeover_is_fenced_and_writes_nothi
     let (s1, s2) = (signer(30), signer(31));
     f.send(&request(&s1, "a-1")).await;
     f.send(&request(&s2, "a-2")).await;
+    let sent = std::cell::Cell::new(2i64);
     let (mut a, a_log) = f.spawn_logged("node-a", Some(txflow_core::fault::MID_BATCH));
-    // node-a stops itself in the middle of its first two-signer batch.
-    wait_for("node-a paused mid-batch", LONG, || {
+    // node-a stops itself in the middle of its first two-signer batch. A fetch may bring the two
+    // signers' messages in separate batches: then another pair is sent, until one batch holds
+    // both.
+    wait_for("node-a paused mid-batch", 2 * LONG, || {
         let pid = a.id();
+        let (f, sent) = (&f, &sent);
+        let (s1, s2) = (s1.clone(), s2.clone());
         async move {
             let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
-            stat.split(' ').nth(2).filter(|s| *s == "T").map(|_| ())
+            if stat.split(' ').nth(2) == Some("T") {
+                return Some(());
+            }
+            let n = sent.get();
+            if f.count("SELECT count(*) FROM managed_tx").await >= n {
+                f.send(&request(&s1, &format!("a-{}", n + 1))).await;
+                f.send(&request(&s2, &format!("a-{}", n + 2))).await;
+                sent.set(n + 2);
+            }
+            None
         }
     })
     .await;
 
     // node-b joins, gets the partitions once node-a's session times out, and steals the leases
-    // once they expire.
+    // once they expire; it processes the interrupted batch (and anything after it).
     let mut b = f.spawn("node-b", None, None);
-    wait_until("node-b processed both requests", LONG, || async {
-        f.count("SELECT count(*) FROM managed_tx WHERE fencing_token >= 2")
-            .await
-            == 2
+    let sent = sent.get();
+    wait_until("node-b processed the rest", LONG, || async {
+        f.count("SELECT count(*) FROM managed_tx").await == sent
+            && f.count("SELECT count(*) FROM managed_tx WHERE fencing_token >= 2")
+                .await
+                >= 2
     })
     .await;
     let before: Vec<(String, i64)> =
