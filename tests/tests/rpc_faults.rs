@@ -51,19 +51,19 @@ async fn failures_on_every_rpc_method_and_lost_send_answers_lose_nothing_and_dup
     let delay = Duration::from_millis(1500);
     let proxy = FaultProxy::start(
         &p.anvil.url,
-        // Out of every ten calls of each method: the 1st fails with 503, the 3rd with 429, the
+        // Out of every twenty calls of each method: the 1st fails with 503, the 3rd with 429, the
         // 5th gets its answer after the client's timeout, the 7th has its connection dropped,
         // the 9th gets "limit exceeded"; and the 2nd send of every ten reaches the node, whose
         // answer is then lost. Never more than three failures in a row, so a call's four rounds
         // always get through in the end: what is tested is that nothing is lost or duplicated.
         vec![
             Rule::on("eth_sendRawTransaction", 10, Fault::ForwardThenLose).offset(2),
-            Rule::all(10, Fault::Status(503)).offset(1),
-            Rule::all(10, Fault::Status(429)).offset(3),
-            Rule::all(10, Fault::Delay(delay)).offset(5),
-            Rule::all(10, Fault::Reset).offset(7),
+            Rule::all(20, Fault::Status(503)).offset(1),
+            Rule::all(20, Fault::Status(429)).offset(3),
+            Rule::all(20, Fault::Delay(delay)).offset(5),
+            Rule::all(20, Fault::Reset).offset(7),
             Rule::all(
-                10,
+                20,
                 Fault::RpcError {
                     code: -32005,
                     message: "limit exceeded".into(),
