@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use txflow_core::codec::{RegistryCodec, Subjects};
 use txflow_core::config::Config;
 use txflow_core::domain::NodeId;
-use txflow_core::events::TxRequest;
+use txflow_core::events::{TxCommand, TxCommandKind, TxRequest};
 use txflow_core::kafka::{Topics, ensure_topics, signer_key};
 use txflow_core::lease::LeaseConfig;
 use txflow_signer_gateway::Keys;
@@ -214,6 +214,27 @@ impl Pipeline {
             .await
             .expect("encode");
         self.send_raw(&signer_key(r.chain_id, &r.signer), &bytes)
+            .await;
+    }
+
+    /// Publishes an operator command (approve, cancel) for transaction `tx_id` of signer 0.
+    pub async fn command(&self, tx_id: &str, kind: TxCommandKind) {
+        let c = TxCommand {
+            event_id: uuid::Uuid::new_v4().to_string(),
+            tx_id: tx_id.to_string(),
+            chain_id: 31337,
+            signer: self.signer(0),
+            command: kind,
+            requested_by: "ops@example.com".into(),
+            reason: Some("test".into()),
+        };
+        let topic = self.config.topics.tx_commands();
+        let bytes = self
+            .codec
+            .encode(&topic, Subjects::TopicName, &c)
+            .await
+            .expect("encode");
+        self.send_to(&topic, &signer_key(31337, &self.signer(0)), &bytes)
             .await;
     }
 

@@ -8,10 +8,8 @@ use alloy::consensus::Transaction as _;
 use alloy::eips::BlockNumberOrTag;
 use alloy::primitives::U256;
 use alloy::providers::{Provider, ProviderBuilder};
-use txflow_core::codec::Subjects;
 use txflow_core::config::Config;
-use txflow_core::events::{TxCommand, TxCommandKind};
-use txflow_core::kafka::signer_key;
+use txflow_core::events::TxCommandKind;
 use txflow_tests::pipeline::{Pipeline, SINK};
 use txflow_tests::wait_until;
 
@@ -109,26 +107,6 @@ async fn a_nonce_refused_at_signing_with_nobody_waiting_is_filled_by_a_noop() {
     p.stop().await;
 }
 
-async fn command(p: &Pipeline, tx_id: &str, kind: TxCommandKind) {
-    let c = TxCommand {
-        event_id: uuid::Uuid::new_v4().to_string(),
-        tx_id: tx_id.to_string(),
-        chain_id: 31337,
-        signer: p.signer(0),
-        command: kind,
-        requested_by: "ops@example.com".into(),
-        reason: Some("test".into()),
-    };
-    let topic = p.config.topics.tx_commands();
-    let bytes = p
-        .codec
-        .encode(&topic, Subjects::TopicName, &c)
-        .await
-        .expect("encode");
-    p.send_to(&topic, &signer_key(31337, &p.signer(0)), &bytes)
-        .await;
-}
-
 #[tokio::test]
 async fn a_cancel_after_allocation_releases_the_nonce_and_nothing_behind_it_stalls() {
     // No signer gateway yet: the requests stop at ALLOCATED, where they can be cancelled.
@@ -150,7 +128,7 @@ async fn a_cancel_after_allocation_releases_the_nonce_and_nothing_behind_it_stal
             .fetch_one(&p.db.pool)
             .await
             .expect("c-1");
-    command(&p, &tx_id, TxCommandKind::Cancel).await;
+    p.command(&tx_id, TxCommandKind::Cancel).await;
     wait_until("the cancelled transaction is failed", LONG, || async {
         state(&p, "c-1")
             .await

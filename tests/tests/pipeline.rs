@@ -208,26 +208,6 @@ async fn state_of(p: &Pipeline, request_id: &str) -> Option<(String, String)> {
         .expect("query")
 }
 
-async fn command(p: &Pipeline, tx_id: &str, kind: txflow_core::events::TxCommandKind) {
-    let c = txflow_core::events::TxCommand {
-        event_id: uuid::Uuid::new_v4().to_string(),
-        tx_id: tx_id.to_string(),
-        chain_id: 31337,
-        signer: p.signer(0),
-        command: kind,
-        requested_by: "ops@example.com".into(),
-        reason: None,
-    };
-    let topic = p.config.topics.tx_commands();
-    let bytes = p
-        .codec
-        .encode(&topic, Subjects::TopicName, &c)
-        .await
-        .expect("encode");
-    p.send_to(&topic, &signer_key(31337, &p.signer(0)), &bytes)
-        .await;
-}
-
 #[tokio::test]
 async fn above_the_threshold_a_request_waits_for_approval_without_blocking_later_ones() {
     use txflow_core::events::TxCommandKind;
@@ -261,8 +241,8 @@ async fn above_the_threshold_a_request_waits_for_approval_without_blocking_later
         "a waiting request holds no nonce"
     );
 
-    command(&p, &big_id, TxCommandKind::Approve).await;
-    command(&p, &cancelled_id, TxCommandKind::Cancel).await;
+    p.command(&big_id, TxCommandKind::Approve).await;
+    p.command(&cancelled_id, TxCommandKind::Cancel).await;
     wait_until("the approved request is mined", LONG, || async {
         p.mined_count().await >= 4
     })
