@@ -179,6 +179,19 @@ fn tx_command() -> TxCommand {
     }
 }
 
+fn tx_replaced() -> TxReplaced {
+    TxReplaced {
+        event_id: ev(11),
+        tx_id: TX_ID.into(),
+        chain_id: 31337,
+        signer: SIGNER.into(),
+        nonce: 4,
+        chain_nonce: 6,
+        reason: "-32003: nonce too low".into(),
+        fencing_token: 7,
+    }
+}
+
 fn golden_path(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("golden")
@@ -223,6 +236,7 @@ fn every_schema_round_trips_its_golden_datum() {
     golden(tx_confirmed());
     golden(tx_failed());
     golden(tx_command());
+    golden(tx_replaced());
 }
 
 async fn wire_round_trip<E: Event>(codec: &RegistryCodec, topic: &str, subjects: Subjects, e: E) {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use alloy::primitives::{Address, Bytes, U256};
 use sqlx::PgPool;
-use txflow_core::chain::{Chain, Simulation};
+use txflow_core::chain::{ChainClient, Simulation};
 use txflow_core::codec::Subjects;
 use txflow_core::domain::{ChainId, Signer, TxPayload as Payload};
 use txflow_core::events::{TxAccepted, TxAllocated, TxFailed, TxRequest};
@@ -35,7 +35,7 @@ fn payload_of(v: &ValidRequest) -> Payload {
 pub struct RequestStage {
     pub topics: Topics,
     pub policy: Policy,
-    pub chain: Chain,
+    pub chain: std::sync::Arc<dyn ChainClient>,
     pub chain_id: ChainId,
     /// `nonce.state_timeout`: align with the chain's pending nonce when the cursor is older.
     pub nonce_state_timeout: Duration,

@@ -30,10 +30,10 @@ pub async fn runtimes(
     lease: LeaseConfig,
 ) -> Result<(StageRuntime<Arc<RequestStage>>, StageRuntime<CommandStage>), RoleError> {
     let pool = txflow_core::db::connect(&config.database_url, 8).await?;
-    let chain = config.chain()?;
+    let chain = Arc::new(config.chain()?);
     let stage = Arc::new(RequestStage {
         topics: config.topics.clone(),
-        policy: Policy::from_config(config)?,
+        policy: txflow_core::policy::from_config(config)?,
         chain,
         chain_id: ChainId(config.chain_id),
         nonce_state_timeout: Duration::from_secs(30),

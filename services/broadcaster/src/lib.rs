@@ -16,7 +16,7 @@
 use alloy::primitives::{Address, B256};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use txflow_core::chain::{Chain, ChainError, SendOutcome};
+use txflow_core::chain::{ChainClient, ChainError, SendOutcome};
 use txflow_core::codec::{RegistryCodec, Subjects};
 use txflow_core::config::Config;
 use txflow_core::domain::{ChainId, NodeId, Signer};
@@ -32,7 +32,7 @@ use txflow_core::stage::{
 
 pub struct BroadcastStage {
     pub topics: Topics,
-    pub chain: Chain,
+    pub chain: std::sync::Arc<dyn ChainClient>,
     pub chain_id: ChainId,
     /// How long a submitted, unmined transaction waits before it is sent again.
     pub resubmit_interval: std::time::Duration,
@@ -473,7 +473,7 @@ pub async fn runtime(
     lease: LeaseConfig,
 ) -> Result<StageRuntime<BroadcastStage>, RoleError> {
     let pool = txflow_core::db::connect(&config.database_url, 8).await?;
-    let chain = config.chain()?;
+    let chain = std::sync::Arc::new(config.chain()?);
     let leases = LeaseManager::new(pool.clone(), Role::Broadcaster, node, lease)?;
     let sc = StageConfig::for_pipeline(config, "broadcaster", lease);
     let stage = BroadcastStage {

@@ -11,6 +11,7 @@ use alloy::transports::RpcError;
 use alloy::transports::TransportErrorKind;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -131,6 +132,59 @@ pub fn classify_send_error(code: i64, message: &str) -> SendOutcome {
             reason,
         }
     }
+}
+
+/// A mined transaction's receipt: what the receipt checker needs of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    pub tx_hash: B256,
+    pub block_number: u64,
+    pub block_hash: B256,
+    /// `true` if it succeeded, `false` if it reverted.
+    pub status: bool,
+    pub gas_used: u64,
+    pub effective_gas_price: u128,
+}
+
+/// A block's identity and its link to its parent: what reorg detection needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockHeader {
+    pub number: u64,
+    pub hash: B256,
+    pub parent_hash: B256,
+}
+
+/// The future of a [`ChainClient`] call.
+pub type ChainFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ChainError>> + Send + 'a>>;
+
+/// What the stages ask of a chain. [`Chain`] (JSON-RPC) implements it; the tests' middle tier
+/// implements it with a scripted in-memory chain (`txflow_tests::fake_chain`). Object-safe, so a
+/// stage holds an `Arc<dyn ChainClient>`.
+pub trait ChainClient: Send + Sync + std::fmt::Debug {
+    /// The next nonce the chain expects, counting contiguous pending transactions.
+    fn pending_nonce(&self, address: Address) -> ChainFuture<'_, u64>;
+    /// The number of transactions the signer has mined.
+    fn latest_nonce(&self, address: Address) -> ChainFuture<'_, u64>;
+    /// Whether the node knows a transaction by this hash (pooled or mined).
+    fn knows_transaction(&self, hash: B256) -> ChainFuture<'_, bool>;
+    /// Simulates a call: would it succeed, revert, or can the signer not pay?
+    fn simulate(
+        &self,
+        from: Address,
+        to: Address,
+        value: U256,
+        data: Bytes,
+    ) -> ChainFuture<'_, Simulation>;
+    /// EIP-1559 fees: (max fee, max priority fee).
+    fn fees(&self) -> ChainFuture<'_, (u128, u128)>;
+    /// Sends a signed transaction (EIP-2718 bytes) and classifies the answer.
+    fn send_raw<'a>(&'a self, raw: &'a [u8]) -> ChainFuture<'a, SendOutcome>;
+    /// The receipt of a mined transaction; `None` while it is not mined.
+    fn receipt(&self, hash: B256) -> ChainFuture<'_, Option<Receipt>>;
+    /// The header of the canonical block at `number`; `None` past the head.
+    fn block(&self, number: u64) -> ChainFuture<'_, Option<BlockHeader>>;
+    /// The number of the latest block.
+    fn block_number(&self) -> ChainFuture<'_, u64>;
 }
 
 /// Timeouts and retries of RPC calls (`TXFLOW_RPC_TIMEOUT_MS`, `TXFLOW_RPC_ATTEMPTS`).
@@ -422,6 +476,86 @@ impl Chain {
             Err(RpcError::ErrorResp(p)) => Ok(classify_send_error(p.code, &p.message)),
             Err(e) => Err(classify("eth_sendRawTransaction", e)),
         }
+    }
+
+    /// The receipt of a mined transaction (`eth_getTransactionReceipt`); `None` while pending
+    /// or unknown.
+    pub async fn receipt(&self, hash: B256) -> Result<Option<Receipt>, ChainError> {
+        let r = self
+            .call("eth_getTransactionReceipt", |p| async move {
+                p.get_transaction_receipt(hash).await
+            })
+            .await
+            .map_err(|e| classify("eth_getTransactionReceipt", e))?;
+        Ok(r.and_then(|r| {
+            Some(Receipt {
+                tx_hash: r.transaction_hash,
+                block_number: r.block_number?,
+                block_hash: r.block_hash?,
+                status: r.status(),
+                gas_used: r.gas_used,
+                effective_gas_price: r.effective_gas_price,
+            })
+        }))
+    }
+
+    /// The header of the canonical block at `number` (`eth_getBlockByNumber`, without
+    /// transactions); `None` past the head.
+    pub async fn block(&self, number: u64) -> Result<Option<BlockHeader>, ChainError> {
+        let b = self
+            .call("eth_getBlockByNumber", |p| async move {
+                p.get_block_by_number(number.into()).await
+            })
+            .await
+            .map_err(|e| classify("eth_getBlockByNumber", e))?;
+        Ok(b.map(|b| BlockHeader {
+            number: b.header.number,
+            hash: b.header.hash,
+            parent_hash: b.header.parent_hash,
+        }))
+    }
+
+    /// The number of the latest block (`eth_blockNumber`).
+    pub async fn block_number(&self) -> Result<u64, ChainError> {
+        self.call("eth_blockNumber", |p| async move { p.get_block_number().await })
+            .await
+            .map_err(|e| classify("eth_blockNumber", e))
+    }
+}
+
+impl ChainClient for Chain {
+    fn pending_nonce(&self, address: Address) -> ChainFuture<'_, u64> {
+        Box::pin(Chain::pending_nonce(self, address))
+    }
+    fn latest_nonce(&self, address: Address) -> ChainFuture<'_, u64> {
+        Box::pin(Chain::latest_nonce(self, address))
+    }
+    fn knows_transaction(&self, hash: B256) -> ChainFuture<'_, bool> {
+        Box::pin(Chain::knows_transaction(self, hash))
+    }
+    fn simulate(
+        &self,
+        from: Address,
+        to: Address,
+        value: U256,
+        data: Bytes,
+    ) -> ChainFuture<'_, Simulation> {
+        Box::pin(Chain::simulate(self, from, to, value, data))
+    }
+    fn fees(&self) -> ChainFuture<'_, (u128, u128)> {
+        Box::pin(Chain::fees(self))
+    }
+    fn send_raw<'a>(&'a self, raw: &'a [u8]) -> ChainFuture<'a, SendOutcome> {
+        Box::pin(Chain::send_raw(self, raw))
+    }
+    fn receipt(&self, hash: B256) -> ChainFuture<'_, Option<Receipt>> {
+        Box::pin(Chain::receipt(self, hash))
+    }
+    fn block(&self, number: u64) -> ChainFuture<'_, Option<BlockHeader>> {
+        Box::pin(Chain::block(self, number))
+    }
+    fn block_number(&self) -> ChainFuture<'_, u64> {
+        Box::pin(Chain::block_number(self))
     }
 }
 

@@ -84,8 +84,21 @@ fn db_error(lease: &HeldLease, operation: &'static str, source: sqlx::Error) -> 
     FenceError::Db { operation, source }
 }
 
+/// Reports a write refused by the fence.
+fn write_fenced(lease: &HeldLease, operation: &str) {
+    telemetry::WriteFenced {
+        role: lease.key.role,
+        chain_id: lease.key.chain_id,
+        signer: &lease.key.signer,
+        node: &lease.node,
+        fencing_token: lease.token,
+        operation,
+    }
+    .emit();
+}
+
 fn fenced_error(lease: &HeldLease, operation: &'static str) -> FenceError {
-    telemetry::WriteFenced { lease, operation }.emit();
+    write_fenced(lease, operation);
     FenceError::Fenced {
         operation,
         role: lease.key.role.as_str().to_string(),
@@ -575,11 +588,7 @@ impl BatchTx {
                 .collect();
             if !lost.is_empty() {
                 for l in &lost {
-                    telemetry::WriteFenced {
-                        lease: l,
-                        operation: "commit batch",
-                    }
-                    .emit();
+                    write_fenced(l, "commit batch");
                 }
                 self.tx.rollback().await.map_err(db)?;
                 return Err(BatchCommitError::Fenced(lost));

@@ -22,7 +22,7 @@ use sqlx::PgPool;
 
 use crate::domain::{ChainId, FencingToken, NodeId, Signer};
 use crate::retry::{Classify, Retry};
-use crate::role::Role;
+use crate::domain::Role;
 use crate::telemetry;
 
 /// `lease.duration`, `lease.renew_interval`, `lease.clock_skew` (seed 001 §4.1).
@@ -109,6 +109,18 @@ pub enum AcquireKind {
     Retaken,
     /// Another node held it and it expired past the skew: token + 1.
     Stolen { from: String },
+}
+
+impl AcquireKind {
+    /// The kind as the telemetry events report it.
+    pub fn grant(&self) -> telemetry::Grant<'_> {
+        match self {
+            AcquireKind::First => telemetry::Grant::First,
+            AcquireKind::Renewed => telemetry::Grant::Renewed,
+            AcquireKind::Retaken => telemetry::Grant::Retaken,
+            AcquireKind::Stolen { from } => telemetry::Grant::Stolen { from },
+        }
+    }
 }
 
 /// The outcome of an acquisition attempt for one signer.
@@ -328,15 +340,21 @@ impl LeaseManager {
                         config: self.config,
                     };
                     telemetry::LeaseAcquired {
-                        lease: &lease,
-                        kind: &kind,
+                        role: lease.key.role,
+                        chain_id: lease.key.chain_id,
+                        signer: &lease.key.signer,
+                        node: &lease.node,
+                        fencing_token: lease.token,
+                        grant: kind.grant(),
                     }
                     .emit();
                     Acquisition::Held(lease, kind)
                 }
                 _ => {
                     telemetry::LeaseBusy {
-                        key: &key,
+                        role: key.role,
+                        chain_id: key.chain_id,
+                        signer: &key.signer,
                         node: &self.node,
                         owner: prev_owner.as_deref(),
                     }
@@ -396,11 +414,25 @@ impl LeaseManager {
                         granted_at: row.granted_at,
                         ..lease.clone()
                     };
-                    telemetry::LeaseRenewed { lease: &renewed }.emit();
+                    telemetry::LeaseRenewed {
+                        role: renewed.key.role,
+                        chain_id: renewed.key.chain_id,
+                        signer: &renewed.key.signer,
+                        node: &renewed.node,
+                        fencing_token: renewed.token,
+                    }
+                    .emit();
                     renewal.renewed.push(renewed);
                 }
                 None => {
-                    telemetry::LeaseLost { lease }.emit();
+                    telemetry::LeaseLost {
+                        role: lease.key.role,
+                        chain_id: lease.key.chain_id,
+                        signer: &lease.key.signer,
+                        node: &lease.node,
+                        fencing_token: lease.token,
+                    }
+                    .emit();
                     renewal.lost.push(lease.clone());
                 }
             }
@@ -425,7 +457,14 @@ impl LeaseManager {
         .map_err(LeaseError::Db)?;
         let released = done.rows_affected() == 1;
         if released {
-            telemetry::LeaseReleased { lease }.emit();
+            telemetry::LeaseReleased {
+                role: lease.key.role,
+                chain_id: lease.key.chain_id,
+                signer: &lease.key.signer,
+                node: &lease.node,
+                fencing_token: lease.token,
+            }
+            .emit();
         }
         Ok(released)
     }

@@ -8,7 +8,7 @@
 //! - [`db`]: PostgreSQL connection and the embedded migrations.
 //! - [`config`]: the typed configuration, from defaults and `TXFLOW_*` environment variables.
 //! - [`role`]: the service roles and the error of a role that is not built yet.
-//! - [`domain`]: newtypes for chain ids, signers, fencing tokens and node ids.
+//! - [`domain`]: the identities of txflow-domain (chain ids, signers, tokens, node ids, roles).
 //! - [`lease`]: per-(role, chain, signer) leases with monotonic fencing tokens.
 //! - [`fenced`]: fenced transactions, the only way to write critical state, and the nonce cursor.
 //! - [`stage`]: the stage runtime every consumer service runs on.
@@ -21,14 +21,17 @@ pub mod codec;
 pub mod config;
 pub mod db;
 pub mod domain;
-pub mod events;
 pub mod fault;
 pub mod fenced;
 pub mod holds;
 pub mod kafka;
 pub mod lease;
 pub mod policy;
-pub mod retry;
 pub mod role;
 pub mod stage;
 pub mod telemetry;
+pub mod txstore;
+
+// The domain (no I/O), re-exported so that `txflow_core::events::TxRequest` and the like keep
+// one path for the services.
+pub use txflow_domain::{events, failure, retry, state};

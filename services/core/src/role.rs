@@ -1,55 +1,8 @@
-//! The service roles of txflow and the typed error of a role whose issue has not landed yet.
-
-use std::fmt;
+//! Running a role: its errors, and the typed error of a role whose issue has not landed yet.
 
 use crate::retry::{Classify, Retry};
 
-/// One consumer service (or the HTTP gateway). Each has a crate under `services/` and a
-/// subcommand of the `txflow` binary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Role {
-    Allocator,
-    SignerGateway,
-    Broadcaster,
-    ReceiptChecker,
-    ConfirmationManager,
-    TransferCoordinator,
-    SpotLedger,
-    Gateway,
-}
-
-impl Role {
-    pub const ALL: [Role; 8] = [
-        Role::Allocator,
-        Role::SignerGateway,
-        Role::Broadcaster,
-        Role::ReceiptChecker,
-        Role::ConfirmationManager,
-        Role::TransferCoordinator,
-        Role::SpotLedger,
-        Role::Gateway,
-    ];
-
-    /// The name used in leases (`signer_lease.role`), logs and the CLI.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Allocator => "allocator",
-            Role::SignerGateway => "signer-gateway",
-            Role::Broadcaster => "broadcaster",
-            Role::ReceiptChecker => "receipt-checker",
-            Role::ConfirmationManager => "confirmation-manager",
-            Role::TransferCoordinator => "transfer-coordinator",
-            Role::SpotLedger => "spot-ledger",
-            Role::Gateway => "gateway",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
+pub use crate::domain::Role;
 
 /// Returned by the entry point of a role that is not implemented yet.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -95,6 +48,8 @@ pub enum RoleError {
     Lease(#[from] crate::lease::LeaseError),
     #[error(transparent)]
     Stage(#[from] crate::stage::StageError),
+    #[error("configuration: {0}")]
+    Policy(#[from] crate::policy::PolicyError),
 }
 
 impl Classify for RoleError {
@@ -107,6 +62,7 @@ impl Classify for RoleError {
             RoleError::Chain(e) => e.retry(),
             RoleError::Lease(e) => e.retry(),
             RoleError::Stage(e) => e.retry(),
+            RoleError::Policy(e) => e.retry(),
         }
     }
 }

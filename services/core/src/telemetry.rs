@@ -1,32 +1,47 @@
 //! Typed telemetry events (CONVENTIONS 11): one struct per event, emitting one structured
 //! `tracing` event with the domain fields. Metrics will hang off the same structs.
 
-use crate::domain::NodeId;
-use crate::lease::{AcquireKind, HeldLease, LeaseKey};
+use crate::domain::{ChainId, FencingToken, NodeId, Role, Signer};
+
+/// How a lease was granted, as the events report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant<'a> {
+    /// No one held it before: token 1.
+    First,
+    /// We held it and it had not expired past the skew: same token.
+    Renewed,
+    /// We held it but it expired past the skew: token + 1.
+    Retaken,
+    /// Another node held it and it expired past the skew: token + 1.
+    Stolen { from: &'a str },
+}
 
 /// A lease was granted: first acquisition, renewal through `acquire`, re-take or steal.
 pub struct LeaseAcquired<'a> {
-    pub lease: &'a HeldLease,
-    pub kind: &'a AcquireKind,
+    pub role: Role,
+    pub chain_id: ChainId,
+    pub signer: &'a Signer,
+    pub node: &'a NodeId,
+    pub fencing_token: FencingToken,
+    pub grant: Grant<'a>,
 }
 
 impl LeaseAcquired<'_> {
     pub fn emit(&self) {
-        let l = self.lease;
-        let (event, stolen_from) = match self.kind {
-            AcquireKind::First => ("lease_acquired", None),
-            AcquireKind::Renewed => ("lease_renewed", None),
-            AcquireKind::Retaken => ("lease_retaken", None),
-            AcquireKind::Stolen { from } => ("lease_stolen", Some(from.as_str())),
+        let (event, stolen_from) = match self.grant {
+            Grant::First => ("lease_acquired", None),
+            Grant::Renewed => ("lease_renewed", None),
+            Grant::Retaken => ("lease_retaken", None),
+            Grant::Stolen { from } => ("lease_stolen", Some(from)),
         };
         tracing::debug!(
             target: "txflow::lease",
             event,
-            role = %l.key.role,
-            chain_id = l.key.chain_id.0,
-            signer = %l.key.signer,
-            node = %l.node,
-            fencing_token = l.token.0,
+            role = %self.role,
+            chain_id = self.chain_id.0,
+            signer = %self.signer,
+            node = %self.node,
+            fencing_token = self.fencing_token.0,
             stolen_from,
             "{event}"
         );
@@ -35,7 +50,9 @@ impl LeaseAcquired<'_> {
 
 /// Another node holds a live lease for the signer.
 pub struct LeaseBusy<'a> {
-    pub key: &'a LeaseKey,
+    pub role: Role,
+    pub chain_id: ChainId,
+    pub signer: &'a Signer,
     pub node: &'a NodeId,
     pub owner: Option<&'a str>,
 }
@@ -45,9 +62,9 @@ impl LeaseBusy<'_> {
         tracing::debug!(
             target: "txflow::lease",
             event = "lease_busy",
-            role = %self.key.role,
-            chain_id = self.key.chain_id.0,
-            signer = %self.key.signer,
+            role = %self.role,
+            chain_id = self.chain_id.0,
+            signer = %self.signer,
             node = %self.node,
             owner = self.owner,
             "lease held by another node"
@@ -57,20 +74,23 @@ impl LeaseBusy<'_> {
 
 /// A lease was renewed.
 pub struct LeaseRenewed<'a> {
-    pub lease: &'a HeldLease,
+    pub role: Role,
+    pub chain_id: ChainId,
+    pub signer: &'a Signer,
+    pub node: &'a NodeId,
+    pub fencing_token: FencingToken,
 }
 
 impl LeaseRenewed<'_> {
     pub fn emit(&self) {
-        let l = self.lease;
         tracing::trace!(
             target: "txflow::lease",
             event = "lease_renewed",
-            role = %l.key.role,
-            chain_id = l.key.chain_id.0,
-            signer = %l.key.signer,
-            node = %l.node,
-            fencing_token = l.token.0,
+            role = %self.role,
+            chain_id = self.chain_id.0,
+            signer = %self.signer,
+            node = %self.node,
+            fencing_token = self.fencing_token.0,
             "lease renewed"
         );
     }
@@ -78,20 +98,23 @@ impl LeaseRenewed<'_> {
 
 /// A lease could not be renewed: it expired past the skew or another node took it.
 pub struct LeaseLost<'a> {
-    pub lease: &'a HeldLease,
+    pub role: Role,
+    pub chain_id: ChainId,
+    pub signer: &'a Signer,
+    pub node: &'a NodeId,
+    pub fencing_token: FencingToken,
 }
 
 impl LeaseLost<'_> {
     pub fn emit(&self) {
-        let l = self.lease;
         tracing::warn!(
             target: "txflow::lease",
             event = "lease_lost",
-            role = %l.key.role,
-            chain_id = l.key.chain_id.0,
-            signer = %l.key.signer,
-            node = %l.node,
-            fencing_token = l.token.0,
+            role = %self.role,
+            chain_id = self.chain_id.0,
+            signer = %self.signer,
+            node = %self.node,
+            fencing_token = self.fencing_token.0,
             "lease lost"
         );
     }
@@ -99,20 +122,23 @@ impl LeaseLost<'_> {
 
 /// A lease was given up.
 pub struct LeaseReleased<'a> {
-    pub lease: &'a HeldLease,
+    pub role: Role,
+    pub chain_id: ChainId,
+    pub signer: &'a Signer,
+    pub node: &'a NodeId,
+    pub fencing_token: FencingToken,
 }
 
 impl LeaseReleased<'_> {
     pub fn emit(&self) {
-        let l = self.lease;
         tracing::debug!(
             target: "txflow::lease",
             event = "lease_released",
-            role = %l.key.role,
-            chain_id = l.key.chain_id.0,
-            signer = %l.key.signer,
-            node = %l.node,
-            fencing_token = l.token.0,
+            role = %self.role,
+            chain_id = self.chain_id.0,
+            signer = %self.signer,
+            node = %self.node,
+            fencing_token = self.fencing_token.0,
             "lease released"
         );
     }
@@ -120,21 +146,24 @@ impl LeaseReleased<'_> {
 
 /// A critical write was refused because the writer's lease or token is no longer current.
 pub struct WriteFenced<'a> {
-    pub lease: &'a HeldLease,
+    pub role: Role,
+    pub chain_id: ChainId,
+    pub signer: &'a Signer,
+    pub node: &'a NodeId,
+    pub fencing_token: FencingToken,
     pub operation: &'a str,
 }
 
 impl WriteFenced<'_> {
     pub fn emit(&self) {
-        let l = self.lease;
         tracing::warn!(
             target: "txflow::lease",
             event = "write_fenced",
-            role = %l.key.role,
-            chain_id = l.key.chain_id.0,
-            signer = %l.key.signer,
-            node = %l.node,
-            fencing_token = l.token.0,
+            role = %self.role,
+            chain_id = self.chain_id.0,
+            signer = %self.signer,
+            node = %self.node,
+            fencing_token = self.fencing_token.0,
             operation = self.operation,
             "write fenced: the lease is no longer held with this token"
         );
@@ -143,7 +172,7 @@ impl WriteFenced<'_> {
 
 /// A stage committed a batch and produced its outputs.
 pub struct BatchCommitted<'a> {
-    pub role: crate::role::Role,
+    pub role: Role,
     pub node: &'a NodeId,
     pub messages: usize,
     pub signers: usize,
@@ -169,7 +198,7 @@ impl BatchCommitted<'_> {
 
 /// A message went to the dead-letter topic.
 pub struct DeadLettered<'a> {
-    pub role: crate::role::Role,
+    pub role: Role,
     pub code: &'a str,
     pub reason: &'a str,
     pub topic: &'a str,
@@ -195,7 +224,7 @@ impl DeadLettered<'_> {
 
 /// The consumer group moved partitions to or from this instance.
 pub struct Rebalanced<'a> {
-    pub role: crate::role::Role,
+    pub role: Role,
     pub node: &'a NodeId,
     pub assigned: &'a [i32],
     pub revoked: &'a [i32],

@@ -454,7 +454,7 @@ pub async fn runtime(
         topics: config.topics.clone(),
         chain_id: ChainId(config.chain_id),
         keys,
-        policy: Policy::from_config(config)?,
+        policy: txflow_core::policy::from_config(config)?,
     };
     Ok(StageRuntime::new(
         stage,

@@ -14,7 +14,7 @@
 //! | timestamps | `long` | Unix milliseconds (`*_ms` fields) |
 //!
 //! Kafka keys are not Avro: they are the UTF-8 string `{chain_id}:{signer}` (see
-//! [`crate::kafka::signer_key`]).
+//! `txflow_core::kafka::signer_key`).
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -250,8 +250,21 @@ pub struct TxCommand {
 }
 event!(TxCommand, "tx_command.avsc");
 
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxReplaced {
+    pub event_id: String,
+    pub tx_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub nonce: i64,
+    pub chain_nonce: i64,
+    pub reason: String,
+    pub fencing_token: i64,
+}
+event!(TxReplaced, "tx_replaced.avsc");
+
 /// The schema files of the pipeline, for tools that register or list them.
-pub const ALL_SCHEMAS: [(&str, &str); 10] = [
+pub const ALL_SCHEMAS: [(&str, &str); 11] = [
     (TxRequest::FULL_NAME, TxRequest::SCHEMA_JSON),
     (TxAccepted::FULL_NAME, TxAccepted::SCHEMA_JSON),
     (TxAllocated::FULL_NAME, TxAllocated::SCHEMA_JSON),
@@ -265,6 +278,7 @@ pub const ALL_SCHEMAS: [(&str, &str); 10] = [
     (TxConfirmed::FULL_NAME, TxConfirmed::SCHEMA_JSON),
     (TxFailed::FULL_NAME, TxFailed::SCHEMA_JSON),
     (TxCommand::FULL_NAME, TxCommand::SCHEMA_JSON),
+    (TxReplaced::FULL_NAME, TxReplaced::SCHEMA_JSON),
 ];
 
 #[cfg(test)]

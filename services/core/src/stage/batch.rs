@@ -1,0 +1,376 @@
+//! Processing one batch: decode and route → acquire or renew the leases → one `BatchTx` with a
+//! savepoint per signer → commit → dead letters and outputs, acknowledged → only then the
+//! offsets ([`OffsetPlan`]) → drive the signers whose work committed.
+//!
+//! What becomes of a message the handler could not apply ([`HandlerError`]):
+//! - `Reject`: dead-lettered after the commit; the signer's other messages go on.
+//! - `LeaseLost`: the signer's savepoint is rolled back, its lease forgotten (the next batch
+//!   re-acquires it) and its messages retried.
+//! - `Retry { after }`: the signer's savepoint is rolled back and its messages retried, after at
+//!   least `after`.
+//! - `Fail { code }`: the signer's savepoint is rolled back, the failing message is dead-lettered
+//!   with `error.code = code` and counts as done; the signer's other messages of the batch are
+//!   retried (they were rolled back with it). See "Offsets of a failed message" below.
+//!
+//! Offsets of a failed message. A partition is rewound to its first message to retry and
+//! everything after it comes again. A failed message F of signer S at offset `f`, with S's other
+//! messages of the batch at offsets `a < f < b` (all on one partition, since a signer's key picks
+//! its partition):
+//! - if nothing before `f` on the partition is retried (S had no message before F, and no other
+//!   signer's message before `f` is retried), the stored offset covers `f` and F never comes
+//!   again;
+//! - otherwise the partition is rewound to some offset before `f` and F comes again. Run again it
+//!   would fail again, and S's messages before it would be rolled back again: a loop that pins the
+//!   partition. So F is remembered as settled ([`Settled`]) once its dead letter is acknowledged,
+//!   and skipped (done, not handled, not dead-lettered again) when it comes again: S's message at
+//!   `a` is applied, F skipped, `b` applied — the order the partition gives. The memory goes once
+//!   a stored offset covers `f`, or when the partition is revoked (the next owner may run F once
+//!   more and dead-letter it again).
+//!
+//! If the batch does not commit, nothing of it was applied and nothing is dead-lettered by the
+//! handler's decisions: every routed message comes again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::Message;
+use rdkafka::Offset;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::producer::FutureProducer;
+use tracing::Instrument;
+
+use super::consumer::StageContext;
+use super::handler::error_chain;
+use super::offsets::{OffsetPlan, Outcome};
+use super::produce::header;
+use super::{Handler, HandlerError, Output, Rejection, StageRuntime};
+use crate::domain::{ChainId, Signer};
+use crate::fault;
+use crate::fenced::{BatchCommitError, BatchTx};
+use crate::lease::HeldLease;
+use crate::retry::Classify;
+use crate::telemetry;
+
+/// One consumed message, decoded and routed.
+struct Item<I> {
+    /// Its index in the batch.
+    at: usize,
+    partition: i32,
+    offset: i64,
+    input: I,
+    signer: (ChainId, Signer),
+    traceparent: Option<String>,
+}
+
+/// What the batch transaction made of the routed messages (indices into the items).
+#[derive(Default)]
+struct Applied {
+    committed: bool,
+    outputs: Vec<(usize, Vec<Output>)>,
+    /// Rejected by the handler, in kept signers: dead-lettered after the commit.
+    rejected: Vec<(usize, Rejection)>,
+    /// Failed (`HandlerError::Fail`): dead-lettered after the commit, then settled.
+    failed: Vec<(usize, Rejection)>,
+    /// To come again.
+    retry: BTreeSet<usize>,
+    /// The longest `after` of a `HandlerError::Retry`.
+    after: Duration,
+    kept_signers: Vec<(ChainId, Signer)>,
+}
+
+impl<H: Handler> StageRuntime<H> {
+    /// Processes one batch; returns how long to pause before the messages to retry come again
+    /// (`None`: nothing to retry).
+    pub(super) async fn process_batch(
+        &self,
+        consumer: &StreamConsumer<StageContext>,
+        producer: &FutureProducer,
+        batch: Vec<BorrowedMessage<'_>>,
+    ) -> Option<Duration> {
+        let started = Instant::now();
+        let topic = self.handler.input_topic();
+        let mut outcomes = vec![Outcome::Done; batch.len()];
+        let items = self.decode(producer, &batch, &mut outcomes).await;
+
+        // Group by signer, in offset order (one signer's messages share a partition).
+        let mut by_signer: BTreeMap<(ChainId, Signer), Vec<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            by_signer.entry(item.signer.clone()).or_default().push(i);
+        }
+        let leases = self.leases_for(by_signer.keys().cloned().collect()).await;
+
+        let mut applied = self.apply(&items, &by_signer, &leases).await;
+        if !applied.committed {
+            // Nothing of the batch was applied: everything comes again.
+            applied.outputs.clear();
+            applied.rejected.clear();
+            applied.failed.clear();
+            applied.retry.extend(0..items.len());
+        }
+        fault::point(fault::AFTER_COMMIT);
+
+        // Dead letters and outputs, acknowledged before any offset moves.
+        let find = |i: usize| &batch[items[i].at];
+        for (i, r) in &applied.rejected {
+            if !self.dead_letter(producer, find(*i), r).await {
+                applied.retry.insert(*i);
+            }
+        }
+        let mut settled = Vec::new();
+        for (i, r) in &applied.failed {
+            if self.dead_letter(producer, find(*i), r).await {
+                settled.push((items[*i].partition, items[*i].offset));
+            } else {
+                applied.retry.insert(*i);
+            }
+        }
+        let all: Vec<(&Output, Option<&str>)> = applied
+            .outputs
+            .iter()
+            .flat_map(|(i, outs)| outs.iter().map(|o| (o, items[*i].traceparent.as_deref())))
+            .collect();
+        if !self.produce(producer, &all).await {
+            // The state is committed; the outputs are re-emitted when the messages come again.
+            applied
+                .retry
+                .extend(applied.outputs.iter().map(|(i, _)| *i));
+        }
+        fault::point(fault::AFTER_PRODUCE);
+
+        // Only now the offsets.
+        for i in &applied.retry {
+            outcomes[items[*i].at] = Outcome::Retry;
+        }
+        let plan = OffsetPlan::new(
+            batch
+                .iter()
+                .zip(&outcomes)
+                .map(|(m, o)| (m.partition(), m.offset(), *o)),
+        );
+        for (p, off) in &plan.store {
+            if let Err(e) = consumer.store_offset(&topic, *p, *off) {
+                tracing::warn!(error = %e, partition = p, "could not store the offset");
+            }
+        }
+        if !plan.store.is_empty()
+            && let Err(e) = consumer.commit_consumer_state(CommitMode::Async)
+        {
+            tracing::debug!(error = %e, "offset commit");
+        }
+        for (p, off) in &plan.seek {
+            if let Err(e) = consumer.seek(&topic, *p, Offset::Offset(*off), Duration::from_secs(5))
+            {
+                tracing::warn!(error = %e, partition = p, offset = off, "could not rewind for a retry");
+            }
+        }
+        if let Ok(mut s) = self.settled.lock() {
+            for (p, off) in settled {
+                s.insert(p, off);
+            }
+            s.stored(&plan);
+        }
+
+        // External calls and follow-ups for the signers whose work committed.
+        if applied.committed {
+            let to_drive: Vec<&HeldLease> = applied
+                .kept_signers
+                .iter()
+                .filter_map(|s| leases.get(s))
+                .collect();
+            self.drive_all(producer, &to_drive, false).await;
+        }
+        telemetry::BatchCommitted {
+            role: self.handler.role(),
+            node: self.leases.node(),
+            messages: batch.len(),
+            signers: by_signer.len(),
+            retried: outcomes.iter().filter(|o| **o == Outcome::Retry).count(),
+            elapsed: started.elapsed(),
+        }
+        .emit();
+        plan.retries()
+            .then(|| self.config.retry_backoff.max(applied.after))
+    }
+
+    /// Decodes and routes the batch's messages. Undecodable or unroutable ones are dead-lettered
+    /// (done); those that cannot be decoded now (the registry is unavailable), or whose dead letter
+    /// is not acknowledged, are retried, and so is everything after them on their partition
+    /// (`outcomes`); settled ones are skipped (done).
+    async fn decode(
+        &self,
+        producer: &FutureProducer,
+        batch: &[BorrowedMessage<'_>],
+        outcomes: &mut [Outcome],
+    ) -> Vec<Item<H::Input>> {
+        let mut items = Vec::with_capacity(batch.len());
+        let mut blocked: BTreeSet<i32> = BTreeSet::new();
+        for (at, m) in batch.iter().enumerate() {
+            if blocked.contains(&m.partition()) {
+                // Behind a message that must be retried: keep the partition's order.
+                outcomes[at] = Outcome::Retry;
+                continue;
+            }
+            if self
+                .settled
+                .lock()
+                .is_ok_and(|s| s.contains(m.partition(), m.offset()))
+            {
+                tracing::debug!(
+                    partition = m.partition(),
+                    offset = m.offset(),
+                    "skipping a message dead-lettered before"
+                );
+                continue;
+            }
+            let decoded = match m.payload() {
+                None => Err(Rejection::new("EMPTY_MESSAGE", "the message has no value")),
+                Some(bytes) => match self.codec.decode::<H::Input>(bytes).await {
+                    Ok(v) => self.handler.route(&v).map(|signer| (v, signer)),
+                    Err(e) if e.is_transient() => {
+                        tracing::warn!(error = ?e, "decoding needs the registry; retrying later");
+                        outcomes[at] = Outcome::Retry;
+                        blocked.insert(m.partition());
+                        continue;
+                    }
+                    Err(e) => Err(Rejection::new("UNDECODABLE", error_chain(&e))),
+                },
+            };
+            match decoded {
+                Ok((input, signer)) => items.push(Item {
+                    at,
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    input,
+                    signer,
+                    traceparent: header(m, "traceparent"),
+                }),
+                Err(rejection) => {
+                    if !self.dead_letter(producer, m, &rejection).await {
+                        outcomes[at] = Outcome::Retry;
+                        blocked.insert(m.partition());
+                    }
+                }
+            }
+        }
+        items
+    }
+
+    /// Runs the handler for every signer of the batch in one `BatchTx`, a savepoint per signer,
+    /// and commits it.
+    async fn apply(
+        &self,
+        items: &[Item<H::Input>],
+        by_signer: &BTreeMap<(ChainId, Signer), Vec<usize>>,
+        leases: &std::collections::HashMap<(ChainId, Signer), HeldLease>,
+    ) -> Applied {
+        let mut applied = Applied::default();
+        let mut tx = match BatchTx::begin(&self.pool, self.config.lease.duration * 2).await {
+            Ok(tx) => tx,
+            Err(e) => {
+                tracing::warn!(error = ?e, "cannot begin the batch transaction");
+                return applied; // not committed: everything comes again
+            }
+        };
+        let mut first_signer = true;
+        for (signer, idxs) in by_signer {
+            let Some(lease) = leases.get(signer) else {
+                // Held by another node (or acquisition failed): later.
+                applied.retry.extend(idxs);
+                continue;
+            };
+            if !first_signer {
+                fault::point(fault::MID_BATCH);
+            }
+            first_signer = false;
+            let mut scope = match tx.signer(lease).await {
+                Ok(s) => s,
+                Err(e) => {
+                    if e.is_fenced() {
+                        self.forget(signer);
+                    }
+                    applied.retry.extend(idxs);
+                    continue;
+                }
+            };
+            let mut signer_outputs = Vec::new();
+            let mut signer_rejected = Vec::new();
+            let mut failed: Option<(usize, HandlerError)> = None;
+            for &i in idxs {
+                let span = tracing::debug_span!(
+                    "handle",
+                    role = %self.handler.role(),
+                    signer = %signer.1,
+                    chain_id = signer.0.0,
+                    fencing_token = lease.token().0,
+                    offset = items[i].offset,
+                );
+                match self
+                    .handler
+                    .handle(&mut scope.writer(), &items[i].input)
+                    .instrument(span)
+                    .await
+                {
+                    Ok(outs) => signer_outputs.push((i, outs)),
+                    Err(HandlerError::Reject(r)) => signer_rejected.push((i, r)),
+                    Err(e) => {
+                        failed = Some((i, e));
+                        break;
+                    }
+                }
+            }
+            let Some((at, e)) = failed else {
+                match scope.keep().await {
+                    Ok(()) => {
+                        applied.kept_signers.push(signer.clone());
+                        applied.outputs.extend(signer_outputs);
+                        applied.rejected.extend(signer_rejected);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = ?e, signer = %signer.1, "could not keep the signer's work");
+                        applied.retry.extend(idxs);
+                    }
+                }
+                continue;
+            };
+            let _ = scope.discard().await;
+            applied.retry.extend(idxs);
+            let dead_letter = match e {
+                HandlerError::LeaseLost(_) => {
+                    tracing::warn!(signer = %signer.1, "fenced: rolling the signer back");
+                    self.forget(signer);
+                    None
+                }
+                HandlerError::Retry { after, .. } => {
+                    tracing::warn!(error = ?e, signer = %signer.1, "handler failed; retrying later");
+                    applied.after = applied.after.max(after);
+                    None
+                }
+                HandlerError::Fail { code, reason } => Some(Rejection::new(code, reason)),
+                // A rejection does not stop the signer (above); were one here, it would go the
+                // way of a failure.
+                HandlerError::Reject(r) => Some(r),
+            };
+            if let Some(r) = dead_letter {
+                tracing::warn!(code = %r.code, reason = %r.message, signer = %signer.1, offset = items[at].offset,
+                    "handler failed for good: dead-lettering the message, retrying the signer's others");
+                applied.retry.remove(&at);
+                applied.failed.push((at, r));
+            }
+        }
+        applied.committed = match tx.commit().await {
+            Ok(()) => true,
+            Err(BatchCommitError::Fenced(lost)) => {
+                for l in &lost {
+                    self.forget(&(l.key().chain_id, l.key().signer.clone()));
+                }
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = ?e, "batch commit failed");
+                false
+            }
+        };
+        applied
+    }
+}

@@ -1,0 +1,83 @@
+//! The settings of one stage instance, and the pending-work query most stages share.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::domain::{ChainId, Signer};
+use crate::lease::LeaseConfig;
+
+/// Settings of one stage instance.
+#[derive(Debug, Clone)]
+pub struct StageConfig {
+    pub group_id: String,
+    /// Where poison messages go.
+    pub dlq_topic: String,
+    /// Topics the runtime makes sure exist (its input and outputs, and the DLQ).
+    pub topics: Vec<String>,
+    pub partitions: i32,
+    pub batch_max: usize,
+    /// After the first message, how long to wait for more to fill the batch.
+    pub batch_linger: Duration,
+    pub lease: LeaseConfig,
+    /// Pause before retrying messages that could not be processed (at least; a
+    /// [`HandlerError::Retry`](super::HandlerError::Retry) may ask for longer).
+    pub retry_backoff: Duration,
+    /// How often the recovery scan runs (besides on start and on assignment).
+    pub recovery_interval: Duration,
+}
+
+impl StageConfig {
+    pub fn new(group_id: impl Into<String>, dlq_topic: impl Into<String>) -> StageConfig {
+        StageConfig {
+            group_id: group_id.into(),
+            dlq_topic: dlq_topic.into(),
+            topics: Vec::new(),
+            partitions: 16,
+            batch_max: 500,
+            batch_linger: Duration::from_millis(2),
+            lease: LeaseConfig::default(),
+            retry_backoff: Duration::from_millis(200),
+            recovery_interval: Duration::from_secs(30),
+        }
+    }
+
+    /// The settings of a pipeline stage from the service configuration: group
+    /// `{group prefix}.{group}`, the pipeline's DLQ, partitions and topics.
+    pub fn for_pipeline(
+        config: &crate::config::Config,
+        group: &str,
+        lease: LeaseConfig,
+    ) -> StageConfig {
+        let mut sc = StageConfig::new(
+            format!("{}.{group}", config.group_prefix()),
+            config.topics.dlq(),
+        );
+        sc.lease = lease;
+        // Work that no message announces (a lost event, a released nonce) waits at most this long.
+        sc.recovery_interval = Duration::from_secs(5);
+        sc.partitions = config.partitions;
+        sc.topics = config.topics.all();
+        sc
+    }
+}
+
+/// The signers of `chain_id` with transactions in any of `states`: what most stages'
+/// [`Handler::pending_signers`](super::Handler::pending_signers) return.
+pub async fn signers_in_states(
+    pool: &PgPool,
+    chain_id: ChainId,
+    states: &[&str],
+) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT DISTINCT chain_id, signer FROM managed_tx WHERE chain_id = $1 AND state = ANY($2)",
+    )
+    .bind(chain_id.0)
+    .bind(states)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
+        .collect())
+}

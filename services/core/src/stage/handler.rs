@@ -1,0 +1,380 @@
+//! The handler API: what a stage plugs into the runtime ([`Handler`]), what it returns
+//! ([`Output`], [`Rejection`]) and how it says what to do when a message cannot be applied
+//! ([`HandlerError`]).
+//!
+//! API boundary: the role crates see this module (re-exported by `stage`), never the runtime's
+//! internals.
+
+use std::error::Error;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::codec::{CodecError, RegistryCodec, Subjects};
+use crate::domain::{ChainId, Role, Signer};
+use crate::events::Event;
+use crate::fenced::{FenceError, Fenced};
+use crate::lease::HeldLease;
+use crate::retry::{Classify, Retry};
+
+/// A message for the output topics, encoded by the runtime after the commit.
+pub struct Output {
+    pub topic: String,
+    pub key: String,
+    pub event_id: String,
+    event: Box<dyn ErasedEvent>,
+}
+
+impl Output {
+    pub fn new<E: Event + 'static>(
+        topic: impl Into<String>,
+        subjects: Subjects,
+        key: impl Into<String>,
+        event: E,
+    ) -> Output {
+        Output {
+            topic: topic.into(),
+            key: key.into(),
+            event_id: event.event_id().to_string(),
+            event: Box::new(Typed { event, subjects }),
+        }
+    }
+
+    /// The event in the wire format of its topic (through the Schema Registry).
+    pub(super) fn encode<'a>(
+        &'a self,
+        codec: &'a RegistryCodec,
+    ) -> BoxFuture<'a, Result<Vec<u8>, CodecError>> {
+        self.event.encode(codec, &self.topic)
+    }
+}
+
+impl std::fmt::Debug for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Output")
+            .field("topic", &self.topic)
+            .field("key", &self.key)
+            .field("event_id", &self.event_id)
+            .finish()
+    }
+}
+
+pub(super) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+trait ErasedEvent: Send + Sync {
+    fn encode<'a>(
+        &'a self,
+        codec: &'a RegistryCodec,
+        topic: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<u8>, CodecError>>;
+}
+
+struct Typed<E> {
+    event: E,
+    subjects: Subjects,
+}
+
+impl<E: Event> ErasedEvent for Typed<E> {
+    fn encode<'a>(
+        &'a self,
+        codec: &'a RegistryCodec,
+        topic: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<u8>, CodecError>> {
+        Box::pin(codec.encode(topic, self.subjects, &self.event))
+    }
+}
+
+/// A message the handler refuses for good: it goes to the dead-letter topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// Stable machine-readable code (`error.code` header).
+    pub code: String,
+    /// Human-readable reason (`error.message` header).
+    pub message: String,
+}
+
+impl Rejection {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Rejection {
+        Rejection {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// What the runtime does with a message (in [`Handler::handle`]) or a signer's pending work (in
+/// [`Handler::drive`]) that could not be applied. Every variant is a decision; none of them loops
+/// on a deterministic failure.
+///
+/// | variant     | `handle` (a message of a batch)                    | `drive` (a signer's work)           |
+/// |-------------|----------------------------------------------------|-------------------------------------|
+/// | `Reject`    | dead-lettered; the signer's other messages go on   | signer held with an alert           |
+/// | `LeaseLost` | signer rolled back, lease forgotten, messages retried after re-acquiring | lease forgotten |
+/// | `Retry`     | signer rolled back, its messages retried after `after` | recovery scan retries            |
+/// | `Fail`      | signer rolled back, the message dead-lettered with `code`, the signer's other messages retried | signer held with an alert, the recovery scan tries again |
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// Dead-letter the message. Return this before writing anything for it.
+    #[error("rejected: {}: {}", .0.code, .0.message)]
+    Reject(Rejection),
+    /// The signer's lease is lost: its work in this batch is rolled back, the lease forgotten, and
+    /// its messages come again once the lease is re-acquired.
+    #[error(transparent)]
+    LeaseLost(FenceError),
+    /// Try again later (an RPC node or a dependency is unavailable); nothing is lost. The runtime
+    /// waits at least `after` (`Duration::ZERO`: the stage's `retry_backoff`).
+    #[error("transient failure: {context}")]
+    Retry {
+        after: Duration,
+        context: String,
+        #[source]
+        source: Box<dyn Error + Send + Sync>,
+    },
+    /// A deterministic failure: retrying would fail the same way, so it must not pin the
+    /// partition. A message is dead-lettered with `error.code = code`; a drive holds the signer.
+    #[error("failed: {code}: {reason}")]
+    Fail { code: String, reason: String },
+}
+
+impl HandlerError {
+    /// A transient failure, retried after the stage's `retry_backoff`.
+    pub fn transient(
+        context: impl Into<String>,
+        source: impl Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::retry_after(Duration::ZERO, context, source)
+    }
+
+    /// A transient failure, retried after at least `after`.
+    pub fn retry_after(
+        after: Duration,
+        context: impl Into<String>,
+        source: impl Error + Send + Sync + 'static,
+    ) -> Self {
+        HandlerError::Retry {
+            after,
+            context: context.into(),
+            source: Box::new(source),
+        }
+    }
+
+    /// A deterministic failure with a stable code.
+    pub fn fail(code: impl Into<String>, reason: impl Into<String>) -> Self {
+        HandlerError::Fail {
+            code: code.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// `e` as its classification says: [`Retry::Transient`] → [`HandlerError::Retry`],
+    /// [`Retry::Permanent`] → [`HandlerError::Fail`] with code `PERMANENT` and the error chain as
+    /// the reason.
+    pub fn classified(
+        context: impl Into<String>,
+        e: impl Classify + Error + Send + Sync + 'static,
+    ) -> Self {
+        let context = context.into();
+        match e.retry() {
+            Retry::Transient => Self::transient(context, e),
+            Retry::Permanent => Self::fail("PERMANENT", format!("{context}: {}", error_chain(&e))),
+        }
+    }
+}
+
+/// A fenced write refused because the lease moved on is [`HandlerError::LeaseLost`]; a write
+/// offered without the fence is a bug that retrying cannot fix ([`HandlerError::Fail`],
+/// `UNFENCED_WRITE`); a database error is transient.
+impl From<FenceError> for HandlerError {
+    fn from(e: FenceError) -> Self {
+        match e {
+            FenceError::Fenced { .. } => HandlerError::LeaseLost(e),
+            FenceError::Unfenced { .. } => HandlerError::fail("UNFENCED_WRITE", e.to_string()),
+            FenceError::Db { .. } => HandlerError::transient("fenced write", e),
+        }
+    }
+}
+
+impl Classify for HandlerError {
+    fn retry(&self) -> Retry {
+        match self {
+            HandlerError::Reject(_) | HandlerError::Fail { .. } => Retry::Permanent,
+            HandlerError::LeaseLost(_) | HandlerError::Retry { .. } => Retry::Transient,
+        }
+    }
+}
+
+/// `e` and its sources, `": "`-separated.
+pub(super) fn error_chain(e: &dyn Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// What [`Handler::drive`] works with: the signer's lease and the pool to open fenced
+/// transactions from.
+pub struct DriveCtx<'a> {
+    pub lease: &'a HeldLease,
+    pub pool: &'a PgPool,
+    /// True when called by the recovery scan (start, assignment, periodic), false right after a
+    /// batch committed work for this signer.
+    pub recovery: bool,
+}
+
+/// A stage's logic, plugged into the runtime.
+pub trait Handler: Send + Sync + 'static {
+    type Input: Event;
+
+    /// The role whose leases the stage takes.
+    fn role(&self) -> Role;
+
+    /// The topic the stage consumes.
+    fn input_topic(&self) -> String;
+
+    /// The signer a message belongs to, or a permanent rejection (invalid input).
+    fn route(&self, input: &Self::Input) -> Result<(ChainId, Signer), Rejection>;
+
+    /// Applies one message inside its signer's savepoint. Idempotent: a message seen before must
+    /// re-emit the same outputs (same `event_id`) and change nothing.
+    fn handle(
+        &self,
+        w: &mut Fenced<'_>,
+        input: &Self::Input,
+    ) -> impl Future<Output = Result<Vec<Output>, HandlerError>> + Send;
+
+    /// Signers with work in this stage's input states in PostgreSQL (the recovery scan).
+    fn pending_signers(
+        &self,
+        pool: &PgPool,
+    ) -> impl Future<Output = Result<Vec<(ChainId, Signer)>, sqlx::Error>> + Send;
+
+    /// Drives one signer's pending work from PostgreSQL, outside any transaction: external calls
+    /// (intent → commit → call → record), and re-emission of what the broker may have lost.
+    fn drive(
+        &self,
+        ctx: DriveCtx<'_>,
+    ) -> impl Future<Output = Result<Vec<Output>, HandlerError>> + Send;
+}
+
+/// A shared handler (e.g. one stage state used by two runtimes) is a handler.
+impl<H: Handler> Handler for Arc<H> {
+    type Input = H::Input;
+    fn role(&self) -> Role {
+        (**self).role()
+    }
+    fn input_topic(&self) -> String {
+        (**self).input_topic()
+    }
+    fn route(&self, input: &Self::Input) -> Result<(ChainId, Signer), Rejection> {
+        (**self).route(input)
+    }
+    fn handle(
+        &self,
+        w: &mut Fenced<'_>,
+        input: &Self::Input,
+    ) -> impl Future<Output = Result<Vec<Output>, HandlerError>> + Send {
+        (**self).handle(w, input)
+    }
+    fn pending_signers(
+        &self,
+        pool: &PgPool,
+    ) -> impl Future<Output = Result<Vec<(ChainId, Signer)>, sqlx::Error>> + Send {
+        (**self).pending_signers(pool)
+    }
+    fn drive(
+        &self,
+        ctx: DriveCtx<'_>,
+    ) -> impl Future<Output = Result<Vec<Output>, HandlerError>> + Send {
+        (**self).drive(ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer {
+        #[source]
+        inner: Inner,
+        retry: Retry,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("inner")]
+    struct Inner;
+
+    impl Classify for Outer {
+        fn retry(&self) -> Retry {
+            self.retry
+        }
+    }
+
+    #[test]
+    fn classified_errors_keep_their_classification() {
+        let transient = HandlerError::classified(
+            "call",
+            Outer {
+                inner: Inner,
+                retry: Retry::Transient,
+            },
+        );
+        assert!(
+            matches!(&transient, HandlerError::Retry { after, context, .. } if after.is_zero() && context == "call"),
+            "{transient:?}"
+        );
+        assert!(transient.is_transient());
+        let permanent = HandlerError::classified(
+            "call",
+            Outer {
+                inner: Inner,
+                retry: Retry::Permanent,
+            },
+        );
+        match &permanent {
+            HandlerError::Fail { code, reason } => {
+                assert_eq!(code, "PERMANENT");
+                assert_eq!(reason, "call: outer: inner");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!permanent.is_transient());
+    }
+
+    #[test]
+    fn fence_errors_become_decisions() {
+        let fenced = FenceError::Fenced {
+            operation: "op",
+            role: "allocator".into(),
+            chain_id: 1,
+            signer: "0xabc".into(),
+            node: "n".into(),
+            token: 2,
+        };
+        assert!(matches!(
+            HandlerError::from(fenced),
+            HandlerError::LeaseLost(_)
+        ));
+        let unfenced = HandlerError::from(FenceError::Unfenced { operation: "op" });
+        assert!(
+            matches!(&unfenced, HandlerError::Fail { code, .. } if code == "UNFENCED_WRITE"),
+            "{unfenced:?}"
+        );
+        let db = HandlerError::from(FenceError::Db {
+            operation: "op",
+            source: sqlx::Error::PoolTimedOut,
+        });
+        assert!(
+            matches!(&db, HandlerError::Retry { after, .. } if after.is_zero()),
+            "{db:?}"
+        );
+    }
+}

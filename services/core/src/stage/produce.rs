@@ -1,0 +1,162 @@
+//! Producing: the outputs of a batch or a drive (encoded, enqueued in order, acknowledged
+//! together), dead letters, and the `traceparent` that links an output to its input.
+
+use std::time::Duration;
+
+use rdkafka::Message;
+use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use super::{Handler, Output, Rejection, StageRuntime};
+use crate::telemetry;
+
+impl<H: Handler> StageRuntime<H> {
+    /// Encodes and produces `outputs` (each with the `traceparent` of its input, if any), waiting
+    /// for every acknowledgement; false if any could not be encoded or produced.
+    pub(super) async fn produce(
+        &self,
+        producer: &FutureProducer,
+        outputs: &[(&Output, Option<&str>)],
+    ) -> bool {
+        // Encode everything first (the registry is consulted once per schema), then enqueue in
+        // order, then await every acknowledgement: the idempotent producer keeps each partition's
+        // order, and the batch pays one round trip instead of one per message.
+        let mut encoded = Vec::with_capacity(outputs.len());
+        for (o, parent) in outputs {
+            match o.encode(&self.codec).await {
+                Ok(p) => encoded.push((*o, p, child_traceparent(*parent))),
+                Err(e) => {
+                    tracing::warn!(error = ?e, topic = %o.topic, "could not encode an output");
+                    return false;
+                }
+            }
+        }
+        let sends = encoded.iter().map(|(o, payload, traceparent)| {
+            let headers = OwnedHeaders::new()
+                .insert(Header {
+                    key: "traceparent",
+                    value: Some(traceparent.as_bytes()),
+                })
+                .insert(Header {
+                    key: "event_id",
+                    value: Some(o.event_id.as_bytes()),
+                });
+            let record = FutureRecord::to(&o.topic)
+                .key(&o.key)
+                .payload(payload)
+                .headers(headers);
+            producer.send(record, Duration::from_secs(30))
+        });
+        let mut ok = true;
+        for (result, (o, _, _)) in futures::future::join_all(sends)
+            .await
+            .into_iter()
+            .zip(&encoded)
+        {
+            if let Err((e, _)) = result {
+                tracing::warn!(error = %e, topic = %o.topic, "could not produce an output");
+                ok = false;
+            }
+        }
+        ok
+    }
+
+    /// Sends a message to the dead-letter topic with the reason in its headers; false if the
+    /// broker did not acknowledge it (the message is then retried).
+    pub(super) async fn dead_letter(
+        &self,
+        producer: &FutureProducer,
+        m: &BorrowedMessage<'_>,
+        r: &Rejection,
+    ) -> bool {
+        let partition = m.partition().to_string();
+        let offset = m.offset().to_string();
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "error.code",
+                value: Some(r.code.as_bytes()),
+            })
+            .insert(Header {
+                key: "error.message",
+                value: Some(r.message.as_bytes()),
+            })
+            .insert(Header {
+                key: "source.topic",
+                value: Some(m.topic().as_bytes()),
+            })
+            .insert(Header {
+                key: "source.partition",
+                value: Some(partition.as_bytes()),
+            })
+            .insert(Header {
+                key: "source.offset",
+                value: Some(offset.as_bytes()),
+            });
+        let mut record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(&self.config.dlq_topic).headers(headers);
+        if let Some(k) = m.key() {
+            record = record.key(k);
+        }
+        if let Some(p) = m.payload() {
+            record = record.payload(p);
+        }
+        match producer.send(record, Duration::from_secs(30)).await {
+            Ok(_) => {
+                telemetry::DeadLettered {
+                    role: self.handler.role(),
+                    code: &r.code,
+                    reason: &r.message,
+                    topic: m.topic(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                }
+                .emit();
+                true
+            }
+            Err((e, _)) => {
+                tracing::warn!(error = %e, "could not dead-letter a message; retrying later");
+                false
+            }
+        }
+    }
+}
+
+/// The value of header `name` of `m`, if present.
+pub(super) fn header(m: &BorrowedMessage<'_>, name: &str) -> Option<String> {
+    let headers = m.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// A W3C `traceparent` for an output: the input's trace with a new span, or a new trace.
+pub fn child_traceparent(parent: Option<&str>) -> String {
+    let span = &uuid::Uuid::new_v4().simple().to_string()[..16];
+    let trace = parent
+        .and_then(|p| {
+            let parts: Vec<&str> = p.split('-').collect();
+            (parts.len() == 4
+                && parts[1].len() == 32
+                && parts[1].bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| parts[1].to_string())
+        })
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    format!("00-{trace}-{span}-01")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_keeps_the_trace_and_makes_a_new_span() {
+        let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let child = child_traceparent(Some(parent));
+        assert!(child.starts_with("00-0af7651916cd43dd8448eb211c80319c-"));
+        assert_ne!(child, parent);
+        let fresh = child_traceparent(Some("garbage"));
+        assert_eq!(fresh.split('-').count(), 4);
+    }
+}

@@ -1,0 +1,103 @@
+//! Driving signers' pending work from PostgreSQL, outside any transaction: after a batch for the
+//! signers whose work committed, and in the recovery scan (on start, on partition assignment and
+//! every `recovery_interval`) for the signers with work in the stage's input states that hash to
+//! this instance's partitions.
+
+use futures::StreamExt;
+use rdkafka::producer::FutureProducer;
+
+use super::{DriveCtx, Handler, HandlerError, Output, StageRuntime};
+use crate::domain::{ChainId, Signer};
+use crate::fault;
+use crate::lease::HeldLease;
+
+/// How many signers' `drive` run at once.
+const DRIVE_CONCURRENCY: usize = 16;
+
+impl<H: Handler> StageRuntime<H> {
+    /// Drives the pending work of the signers on `partitions` from PostgreSQL.
+    pub(super) async fn recovery_scan(&self, producer: &FutureProducer, partitions: &[i32]) {
+        let pending = match self.handler.pending_signers(&self.pool).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "recovery scan could not list pending work");
+                return;
+            }
+        };
+        let mine: Vec<(ChainId, Signer)> = pending
+            .into_iter()
+            .filter(|(c, s)| partitions.contains(&self.partition_of(*c, s)))
+            .collect();
+        if mine.is_empty() {
+            return;
+        }
+        tracing::info!(role = %self.handler.role(), signers = mine.len(), "recovery scan");
+        let leases = self.leases_for(mine).await;
+        let to_drive: Vec<&HeldLease> = leases.values().collect();
+        self.drive_all(producer, &to_drive, true).await;
+    }
+
+    /// Drives several signers at once (each signer's own work stays sequential).
+    pub(super) async fn drive_all(
+        &self,
+        producer: &FutureProducer,
+        leases: &[&HeldLease],
+        recovery: bool,
+    ) {
+        let mut drives = Vec::with_capacity(leases.len());
+        for lease in leases {
+            drives.push(self.drive(producer, lease, recovery));
+        }
+        futures::stream::iter(drives)
+            .buffer_unordered(DRIVE_CONCURRENCY)
+            .collect::<Vec<()>>()
+            .await;
+    }
+
+    /// Drives one signer and produces what it returns. A failure is never retried here: the
+    /// recovery scan drives the signer again.
+    async fn drive(&self, producer: &FutureProducer, lease: &HeldLease, recovery: bool) {
+        let result = self
+            .handler
+            .drive(DriveCtx {
+                lease,
+                pool: &self.pool,
+                recovery,
+            })
+            .await;
+        let signer = &lease.key().signer;
+        match result {
+            Ok(outs) => {
+                if !outs.is_empty() {
+                    fault::point(fault::AFTER_DRIVE);
+                }
+                let all: Vec<(&Output, Option<&str>)> = outs.iter().map(|o| (o, None)).collect();
+                self.produce(producer, &all).await;
+            }
+            Err(HandlerError::LeaseLost(e)) => {
+                self.forget(&(lease.key().chain_id, signer.clone()));
+                tracing::warn!(error = ?e, %signer, "lease lost while driving pending work; the recovery scan retries");
+            }
+            Err(e @ HandlerError::Retry { .. }) => {
+                tracing::warn!(error = ?e, %signer, "driving pending work failed; the recovery scan retries");
+            }
+            // A deterministic failure would fail again on every scan: the signer is held, which
+            // raises the alert (the `signer_holds` row and an ERROR event), and the scan tries
+            // again later (the hold is cleared by the handler once it proceeds, or by an
+            // operator). A rejection has no message to dead-letter here: it is the same.
+            Err(HandlerError::Fail { code, reason }) => {
+                self.hold(lease, &format!("{code}: {reason}")).await;
+            }
+            Err(HandlerError::Reject(r)) => {
+                self.hold(lease, &format!("{}: {}", r.code, r.message))
+                    .await;
+            }
+        }
+    }
+
+    async fn hold(&self, lease: &HeldLease, reason: &str) {
+        if let Err(e) = crate::holds::hold(&self.pool, lease.key(), reason).await {
+            tracing::warn!(error = ?e, signer = %lease.key().signer, reason, "could not hold the signer after a failure");
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! The write primitives of the transaction state machine (txflow-domain `state`): every change of
+//! `managed_tx.state` is one of these, a fenced, set-based compare-and-set on the expected
+//! state(s) that writes the `tx_events` audit row of each row that moved, in the same statement.
+//! This module is the only place that inserts into `tx_events`.
+//!
+//! - [`create`]: new rows (a request in RECEIVED, a no-op in ALLOCATED), idempotent on
+//!   (chain, signer, request_id).
+//! - [`apply`]: a named [`Move`] for many rows at once (`UNNEST` arrays, the fence as a join on
+//!   `signer_lease`, `RETURNING` to learn which rows moved). A move to FAILED from a state that
+//!   holds a nonce releases it to `recycled_nonces` in the same statement.
+//!
+//! Both answer `Fenced` when the lease is not current (a sentinel row tells a fenced statement
+//! from one whose rows were all in another state), and otherwise the rows that landed.
+
+use sqlx::PgPool;
+use txflow_domain::state::{CREATED_NOOP, CREATED_REQUEST, Move};
+use txflow_domain::{ChainId, FailureCode, Signer, TxState};
+use uuid::Uuid;
+
+use crate::fenced::{FENCE_PREDICATE, FenceError, Fenced};
+
+/// The audit rows of the rows that landed: `landed(tx_id)` joined with the input `u(tx_id,
+/// event_id, event_type, event)`. The one `INSERT INTO tx_events` of the code base.
+const AUDIT: &str = "events AS (
+     INSERT INTO tx_events (event_id, tx_id, type, payload)
+     SELECT u.event_id, u.tx_id, u.event_type, u.event FROM landed JOIN u USING (tx_id))";
+
+/// The kind of a new row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// An upstream request: starts RECEIVED.
+    Request,
+    /// A 0-value self-transfer filling a released nonce: starts ALLOCATED, holding it.
+    Noop,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Request => "REQUEST",
+            Kind::Noop => "NOOP",
+        }
+    }
+    fn initial(self) -> TxState {
+        match self {
+            Kind::Request => CREATED_REQUEST,
+            Kind::Noop => CREATED_NOOP,
+        }
+    }
+}
+
+/// The audit row written with a change.
+#[derive(Debug, Clone)]
+pub struct Audit {
+    pub event_id: Uuid,
+    /// `tx_events.type`.
+    pub event_type: &'static str,
+    pub payload: serde_json::Value,
+}
+
+/// A new transaction row.
+#[derive(Debug, Clone)]
+pub struct NewTx {
+    pub tx_id: Uuid,
+    pub request_id: String,
+    pub kind: Kind,
+    /// Only for a no-op (it is created holding its nonce).
+    pub nonce: Option<i64>,
+    pub payload: serde_json::Value,
+    pub audit: Audit,
+}
+
+/// One row of a [`Move`]: which transaction, its audit row, and the side data the move records.
+#[derive(Debug, Clone)]
+pub struct MoveRow {
+    pub tx_id: Uuid,
+    pub audit: Audit,
+    /// Sets `nonce` (an allocation).
+    pub nonce: Option<i64>,
+    /// Replaces `payload` (gas limit after simulation, fees at allocation).
+    pub payload: Option<serde_json::Value>,
+    /// Sets `failure_code` / `failure_reason` (a move to FAILED).
+    pub failure: Option<(FailureCode, String)>,
+    /// Records who approved it (and when, by the database clock).
+    pub approved_by: Option<String>,
+    /// The compare-and-set also requires this nonce (the row must still hold what was decided on).
+    pub expect_nonce: Option<i64>,
+}
+
+impl MoveRow {
+    /// A row with only its audit event.
+    pub fn new(tx_id: Uuid, audit: Audit) -> MoveRow {
+        MoveRow {
+            tx_id,
+            audit,
+            nonce: None,
+            payload: None,
+            failure: None,
+            approved_by: None,
+            expect_nonce: None,
+        }
+    }
+}
+
+/// A row that landed: its id and its nonce after the move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Landed {
+    pub tx_id: Uuid,
+    pub nonce: Option<i64>,
+}
+
+/// Inserts new rows; a row whose (chain, signer, request_id) exists is left alone and not
+/// returned (a duplicate request).
+pub async fn create(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, FenceError> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.tx_id).collect();
+    let request_ids: Vec<&str> = rows.iter().map(|r| r.request_id.as_str()).collect();
+    let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
+    let states: Vec<&str> = rows.iter().map(|r| r.kind.initial().as_str()).collect();
+    let nonces: Vec<Option<i64>> = rows.iter().map(|r| r.nonce).collect();
+    let payloads: Vec<serde_json::Value> = rows.iter().map(|r| r.payload.clone()).collect();
+    let event_ids: Vec<Uuid> = rows.iter().map(|r| r.audit.event_id).collect();
+    let event_types: Vec<&str> = rows.iter().map(|r| r.audit.event_type).collect();
+    let events: Vec<serde_json::Value> = rows.iter().map(|r| r.audit.payload.clone()).collect();
+    let sql = format!(
+        "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
+         u AS (SELECT * FROM unnest($6::uuid[], $7::text[], $8::text[], $9::text[], $10::bigint[],
+                                    $11::jsonb[], $12::uuid[], $13::text[], $14::jsonb[])
+                 AS u(tx_id, request_id, kind, state, nonce, payload, event_id, event_type, event)),
+         landed AS (
+             INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, kind, nonce, payload, state, fencing_token)
+             SELECT u.tx_id, $2, $3, u.request_id, u.kind, u.nonce, u.payload, u.state, $5
+             FROM u WHERE EXISTS (SELECT 1 FROM fence_ok)
+             ON CONFLICT (chain_id, signer, request_id) DO NOTHING
+             RETURNING tx_id),
+         {AUDIT}
+         SELECT tx_id FROM landed UNION ALL SELECT NULL FROM fence_ok"
+    );
+    let out: Vec<(Option<Uuid>,)> = w
+        .fetch_all("create", &sql, |q| {
+            q.bind(ids)
+                .bind(request_ids)
+                .bind(kinds)
+                .bind(states)
+                .bind(nonces)
+                .bind(payloads)
+                .bind(event_ids)
+                .bind(event_types)
+                .bind(events)
+        })
+        .await?;
+    landed_or_fenced(w, "create", out.into_iter().map(|(t,)| t.map(|t| (t, None))))
+        .map(|l| l.into_iter().map(|l| l.tx_id).collect())
+}
+
+/// Applies `m` to `rows`: each row moves only if it is in one of `m.from` (and holds
+/// `expect_nonce`, when given). Returns the rows that moved.
+pub async fn apply(
+    w: &mut Fenced<'_>,
+    m: Move,
+    rows: &[MoveRow],
+) -> Result<Vec<Landed>, FenceError> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    // FAILED from a state that holds a nonce gives the nonce back.
+    let releases = m.to == TxState::Failed && m.from.iter().all(|s| s.holds_nonce());
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.tx_id).collect();
+    let event_ids: Vec<Uuid> = rows.iter().map(|r| r.audit.event_id).collect();
+    let event_types: Vec<&str> = rows.iter().map(|r| r.audit.event_type).collect();
+    let events: Vec<serde_json::Value> = rows.iter().map(|r| r.audit.payload.clone()).collect();
+    let nonces: Vec<Option<i64>> = rows.iter().map(|r| r.nonce).collect();
+    let payloads: Vec<Option<serde_json::Value>> = rows.iter().map(|r| r.payload.clone()).collect();
+    let codes: Vec<Option<&str>> = rows
+        .iter()
+        .map(|r| r.failure.as_ref().map(|(c, _)| c.as_str()))
+        .collect();
+    let reasons: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| r.failure.as_ref().map(|(_, why)| txflow_domain::failure::truncate_reason(why)))
+        .collect();
+    let approvers: Vec<Option<&str>> = rows.iter().map(|r| r.approved_by.as_deref()).collect();
+    let expect: Vec<Option<i64>> = rows.iter().map(|r| r.expect_nonce).collect();
+    let sql = format!(
+        "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
+         u AS (SELECT * FROM unnest($6::uuid[], $7::uuid[], $8::text[], $9::jsonb[], $10::bigint[],
+                                    $11::jsonb[], $12::text[], $13::text[], $14::text[], $15::bigint[])
+                 AS u(tx_id, event_id, event_type, event, nonce, payload, failure_code,
+                      failure_reason, approved_by, expect_nonce)),
+         landed AS (
+             UPDATE managed_tx m SET
+                 state = $16,
+                 nonce = coalesce(u.nonce, m.nonce),
+                 payload = coalesce(u.payload, m.payload),
+                 failure_code = coalesce(u.failure_code, m.failure_code),
+                 failure_reason = coalesce(u.failure_reason, m.failure_reason),
+                 approved_by = coalesce(u.approved_by, m.approved_by),
+                 approved_at = CASE WHEN u.approved_by IS NULL THEN m.approved_at ELSE clock_timestamp() END,
+                 nonce_released = m.nonce_released OR $18,
+                 fencing_token = $5,
+                 updated_at = now()
+             FROM u
+             WHERE m.tx_id = u.tx_id AND m.chain_id = $2 AND m.signer = $3
+               AND m.state = ANY($17::text[])
+               AND (u.expect_nonce IS NULL OR m.nonce = u.expect_nonce)
+               AND EXISTS (SELECT 1 FROM fence_ok)
+             RETURNING m.tx_id, m.nonce),
+         released AS (
+             INSERT INTO recycled_nonces (chain_id, signer, nonce, released_at)
+             SELECT $2, $3, nonce, clock_timestamp() FROM landed WHERE $18 AND nonce IS NOT NULL
+             ON CONFLICT (chain_id, signer, nonce) DO NOTHING),
+         {AUDIT}
+         SELECT tx_id, nonce FROM landed UNION ALL SELECT NULL, NULL FROM fence_ok"
+    );
+    let out: Vec<(Option<Uuid>, Option<i64>)> = w
+        .fetch_all(m.name, &sql, |q| {
+            q.bind(ids)
+                .bind(event_ids)
+                .bind(event_types)
+                .bind(events)
+                .bind(nonces)
+                .bind(payloads)
+                .bind(codes)
+                .bind(reasons)
+                .bind(approvers)
+                .bind(expect)
+                .bind(m.to.as_str())
+                .bind(m.from_names())
+                .bind(releases)
+        })
+        .await?;
+    landed_or_fenced(w, m.name, out.into_iter().map(|(t, n)| t.map(|t| (t, n))))
+}
+
+/// The landed rows, or `Fenced` when the sentinel row of `fence_ok` is missing.
+fn landed_or_fenced(
+    w: &Fenced<'_>,
+    operation: &'static str,
+    rows: impl Iterator<Item = Option<(Uuid, Option<i64>)>>,
+) -> Result<Vec<Landed>, FenceError> {
+    let mut fence_ok = false;
+    let mut landed = Vec::new();
+    for r in rows {
+        match r {
+            Some((tx_id, nonce)) => landed.push(Landed { tx_id, nonce }),
+            None => fence_ok = true,
+        }
+    }
+    if fence_ok {
+        Ok(landed)
+    } else {
+        Err(w.fenced(operation))
+    }
+}
+
+/// Like [`apply`], for a move every row must make (the caller locked or just read them under
+/// the lease): a row that did not move is reported as `Fenced`.
+pub async fn apply_all(
+    w: &mut Fenced<'_>,
+    m: Move,
+    rows: &[MoveRow],
+) -> Result<Vec<Landed>, FenceError> {
+    let landed = apply(w, m, rows).await?;
+    if landed.len() != rows.len() {
+        return Err(w.fenced(m.name));
+    }
+    Ok(landed)
+}
+
+/// The stored audit payloads of `event_type` for these transactions, newest last: what a
+/// redelivered message re-emits (same `event_id`).
+pub async fn stored_events(
+    w: &mut Fenced<'_>,
+    tx_ids: &[Uuid],
+    event_type: &str,
+) -> Result<Vec<(Uuid, serde_json::Value)>, FenceError> {
+    w.read(
+        "stored events",
+        sqlx::query_as(
+            "SELECT tx_id, payload FROM tx_events WHERE tx_id = ANY($1) AND type = $2
+             ORDER BY created_at, event_id",
+        )
+        .bind(tx_ids.to_vec())
+        .bind(event_type.to_string()),
+    )
+    .await
+}
+
+/// The state names of `states`, as bound to `state = ANY($n)`.
+pub fn names(states: &[TxState]) -> Vec<&'static str> {
+    states.iter().map(|s| s.as_str()).collect()
+}
+
+/// The signers of `chain_id` with transactions in any of `states`: what most stages' recovery
+/// scans look for.
+pub async fn signers_in_states(
+    pool: &PgPool,
+    chain_id: ChainId,
+    states: &[TxState],
+) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT DISTINCT chain_id, signer FROM managed_tx WHERE chain_id = $1 AND state = ANY($2)",
+    )
+    .bind(chain_id.0)
+    .bind(names(states))
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
+        .collect())
+}
+
+/// A transaction row as the stages read it.
+#[derive(Debug, Clone)]
+pub struct TxRow {
+    pub tx_id: Uuid,
+    pub request_id: String,
+    pub kind: Kind,
+    pub state: TxState,
+    pub nonce: Option<i64>,
+    pub payload: serde_json::Value,
+    pub approved_by: Option<String>,
+}
+
+type RawRow = (
+    Uuid,
+    String,
+    String,
+    String,
+    Option<i64>,
+    serde_json::Value,
+    Option<String>,
+);
+
+/// A row whose state or kind this binary does not know: a corrupt row or a newer schema.
+#[derive(Debug, thiserror::Error)]
+#[error("transaction {tx_id}: {what}")]
+pub struct CorruptRow {
+    pub tx_id: Uuid,
+    pub what: String,
+}
+
+fn typed(r: RawRow) -> Result<TxRow, CorruptRow> {
+    let (tx_id, request_id, kind, state, nonce, payload, approved_by) = r;
+    let state = TxState::parse(&state).map_err(|e| CorruptRow {
+        tx_id,
+        what: e.to_string(),
+    })?;
+    let kind = match kind.as_str() {
+        "REQUEST" => Kind::Request,
+        "NOOP" => Kind::Noop,
+        other => {
+            return Err(CorruptRow {
+                tx_id,
+                what: format!("unknown kind {other:?}"),
+            });
+        }
+    };
+    Ok(TxRow {
+        tx_id,
+        request_id,
+        kind,
+        state,
+        nonce,
+        payload,
+        approved_by,
+    })
+}
+
+const ROW_COLUMNS: &str = "tx_id, request_id, kind, state, nonce, payload, approved_by";
+
+/// Errors of the typed reads.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Fence(#[from] FenceError),
+    #[error("database error reading transactions")]
+    Db(#[source] sqlx::Error),
+    #[error(transparent)]
+    Corrupt(#[from] CorruptRow),
+}
+
+impl crate::retry::Classify for ReadError {
+    fn retry(&self) -> crate::retry::Retry {
+        match self {
+            ReadError::Fence(e) => e.retry(),
+            ReadError::Db(_) => crate::retry::Retry::Transient,
+            ReadError::Corrupt(_) => crate::retry::Retry::Permanent,
+        }
+    }
+}
+
+/// The signer's transactions in `states`, oldest first (or in nonce order), outside any
+/// transaction: what a drive works on.
+pub async fn rows_in_states(
+    pool: &PgPool,
+    chain_id: ChainId,
+    signer: &Signer,
+    states: &[TxState],
+    by_nonce: bool,
+    limit: i64,
+) -> Result<Vec<TxRow>, ReadError> {
+    let order = if by_nonce {
+        "nonce, created_at"
+    } else {
+        "created_at, tx_id"
+    };
+    let raw: Vec<RawRow> = sqlx::query_as(&format!(
+        "SELECT {ROW_COLUMNS} FROM managed_tx
+         WHERE chain_id = $1 AND signer = $2 AND state = ANY($3) ORDER BY {order} LIMIT $4"
+    ))
+    .bind(chain_id.0)
+    .bind(signer.as_str())
+    .bind(names(states))
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+    .map_err(ReadError::Db)?;
+    Ok(raw.into_iter().map(typed).collect::<Result<_, _>>()?)
+}
+
+/// These transactions of the writer's signer, locked for the rest of the transaction (so that
+/// an event and the recovery scan never act on the same row at once).
+pub async fn lock_rows(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<Vec<TxRow>, ReadError> {
+    let key = w.lease().key().clone();
+    let raw: Vec<RawRow> = w
+        .read(
+            "lock rows",
+            sqlx::query_as(&format!(
+                "SELECT {ROW_COLUMNS} FROM managed_tx
+                 WHERE tx_id = ANY($1) AND chain_id = $2 AND signer = $3 ORDER BY nonce, tx_id FOR UPDATE"
+            ))
+            .bind(tx_ids.to_vec())
+            .bind(key.chain_id.0)
+            .bind(key.signer.as_str().to_string()),
+        )
+        .await?;
+    Ok(raw.into_iter().map(typed).collect::<Result<_, _>>()?)
+}

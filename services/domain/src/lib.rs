@@ -1,0 +1,27 @@
+//! txflow-domain: what txflow is about, with no I/O.
+//!
+//! - [`ids`]: newtypes for chain ids, signers, fencing tokens, node ids, the recorded payload.
+//! - [`role`]: the service roles.
+//! - [`state`]: the transaction state machine — [`state::TxState`], the table of legal
+//!   transitions (checked by the compiler for every named [`state::Move`]).
+//! - [`failure`]: the typed failure codes of `TxFailed`.
+//! - [`events`]: the Avro-described events and commands, with their schemas compiled in.
+//! - [`policy`]: whitelist, value limit, approval threshold.
+//! - [`retry`]: the retry classification every error type carries.
+//!
+//! Architecture invariant: this crate depends on no sqlx, rdkafka or reqwest (nor anything else
+//! that does I/O); `cargo tree -p txflow-domain` shows it.
+
+pub mod events;
+pub mod failure;
+pub mod ids;
+pub mod policy;
+pub mod retry;
+pub mod role;
+pub mod state;
+
+pub use failure::FailureCode;
+pub use ids::{ChainId, FencingToken, InvalidAddress, NodeId, Signer, TxPayload};
+pub use retry::{Classify, Retry};
+pub use role::Role;
+pub use state::{Move, TxState};
