@@ -10,6 +10,8 @@
 //!   wipes the memory engine's topics), killed on drop.
 //! - [`pipeline::Pipeline`]: allocator, signer gateway and broadcaster on a chain of the test's
 //!   own, with outcome readers (mined markers, PostgreSQL counts, anvil's pool).
+//! - [`fake_chain::FakeChain`]: a scripted in-memory chain (`ChainClient`) for the middle tier: a
+//!   stage against real PostgreSQL and broker with no node.
 //! - [`fault_proxy::FaultProxy`]: a JSON-RPC proxy in front of anvil that injects HTTP errors,
 //!   delays, dropped connections, JSON-RPC errors and lost responses, per method.
 //! - [`wait_until`]: poll a condition until it holds, or fail with a message after a deadline.
@@ -21,6 +23,7 @@
 mod anvil;
 mod broker;
 mod db;
+pub mod fake_chain;
 pub mod fault_proxy;
 mod kafka;
 pub mod pipeline;

@@ -20,6 +20,7 @@ use txflow_core::domain::NodeId;
 use txflow_core::events::{TxCommand, TxCommandKind, TxRequest};
 use txflow_core::kafka::{Topics, ensure_topics, signer_key};
 use txflow_core::lease::LeaseConfig;
+use txflow_core::role::Role;
 use txflow_signer_gateway::Keys;
 
 use crate::{AnvilNode, TestDb, kafka_settings, producer, registry_url, unique};
@@ -54,9 +55,14 @@ impl Pipeline {
     pub async fn start_with(signers: usize, customize: impl FnOnce(&mut Config)) -> Pipeline {
         let mut p = Pipeline::prepare(signers, customize).await;
         let config = p.config.clone();
-        p.start_allocator(&config, "alloc-1").await;
-        p.start_signer_gateway(&config).await;
-        p.start_broadcaster(&config).await;
+        for role in Role::PIPELINE {
+            match role {
+                Role::Allocator => p.start_allocator(&config, "alloc-1").await,
+                Role::SignerGateway => p.start_signer_gateway(&config).await,
+                Role::Broadcaster => p.start_broadcaster(&config).await,
+                other => panic!("{other} is in Role::PIPELINE but the harness cannot start it"),
+            }
+        }
         p
     }
 

@@ -1,62 +1,138 @@
-//! The allocator's stage: TxRequest → RECEIVED (idempotent on (chain, signer, request_id)) →
-//! SIMULATED (eth_estimateGas; a revert is FAILED and never holds a nonce) → ALLOCATED (nonce
-//! from the fenced cursor, aligned with the chain's pending nonce when the cursor is stale; fees
-//! from eth_feeHistory when the request has none).
+//! The allocator's two handlers, each route → load → decide (`decide.rs`) → persist
+//! (`store.rs`) → outputs.
+//!
+//! - [`RequestStage`] (`tx.requests`): `handle` validates and records RECEIVED, idempotent on
+//!   (chain, signer, request_id); `drive` simulates (RECEIVED → SIMULATED / PENDING_APPROVAL /
+//!   FAILED, or the signer held), allocates nonces (SIMULATED / REPLACED → ALLOCATED) and fills
+//!   released nonces nobody took with no-ops. External calls run outside any transaction.
+//! - [`CommandStage`] (`tx.commands`): APPROVE and CANCEL, compare-and-sets on the state of a
+//!   transaction of the command's signer.
 
-use std::time::Duration;
+use std::sync::Arc;
 
-use alloy::primitives::{Address, Bytes, U256};
+use alloy::primitives::Address;
 use sqlx::PgPool;
 use txflow_core::chain::{ChainClient, Simulation};
 use txflow_core::codec::Subjects;
-use txflow_core::domain::{ChainId, Signer, TxPayload as Payload};
-use txflow_core::events::{TxAccepted, TxAllocated, TxFailed, TxRequest};
-use txflow_core::fenced::{FENCE_PREDICATE, Fenced};
-use txflow_core::kafka::{Topics, signer_key};
+use txflow_core::domain::{ChainId, Signer, TxPayload};
+use txflow_core::events::{
+    Event, TxAccepted, TxAllocated, TxCommand, TxCommandKind, TxFailed, TxRequest,
+};
+use txflow_core::failure::{FailureCode, truncate_reason};
+use txflow_core::fenced::Fenced;
+use txflow_core::kafka::signer_key;
+use txflow_core::lease::HeldLease;
 use txflow_core::retry::Classify;
 use txflow_core::role::Role;
 use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
+use txflow_core::state::{self, TxState};
+use txflow_core::txstore::{Audit, Kind, MoveRow, NewTx, TxRow};
+use uuid::Uuid;
 
-use crate::validate::{ValidRequest, validate};
-use txflow_core::policy::{Policy, Verdict};
+use crate::config::AllocatorConfig;
+use crate::decide::{self, AfterSimulation, CommandDecision, SimError};
+use crate::store;
 
-/// `managed_tx.payload` of a validated request.
-fn payload_of(v: &ValidRequest) -> Payload {
-    Payload {
-        to: format!("{:#x}", v.to),
-        value: v.value.to_string(),
-        data: format!("0x{}", hex::encode(&v.data)),
-        gas_limit: v.gas_limit,
-        max_fee_per_gas: v.max_fee_per_gas.map(|f| f.to_string()),
-        max_priority_fee_per_gas: v.max_priority_fee_per_gas.map(|f| f.to_string()),
+/// Requests: RECEIVED on the message, then simulation and allocation in `drive`.
+pub struct RequestStage {
+    pub config: AllocatorConfig,
+    pub chain: Arc<dyn ChainClient>,
+}
+
+/// The audit row of `event` (its JSON), under `event_type`.
+fn audit<E: Event>(event_type: &'static str, event: &E) -> Result<Audit, HandlerError> {
+    Ok(Audit {
+        event_id: Uuid::parse_str(event.event_id())
+            .map_err(|e| HandlerError::fail("INVALID_EVENT_ID", e.to_string()))?,
+        event_type,
+        payload: json(event)?,
+    })
+}
+
+/// An audit row that is not an event on a topic.
+fn note(event_type: &'static str, payload: serde_json::Value) -> Audit {
+    Audit {
+        event_id: Uuid::new_v4(),
+        event_type,
+        payload,
     }
 }
 
-pub struct RequestStage {
-    pub topics: Topics,
-    pub policy: Policy,
-    pub chain: std::sync::Arc<dyn ChainClient>,
-    pub chain_id: ChainId,
-    /// `nonce.state_timeout`: align with the chain's pending nonce when the cursor is older.
-    pub nonce_state_timeout: Duration,
+fn json<T: serde::Serialize>(v: &T) -> Result<serde_json::Value, HandlerError> {
+    serde_json::to_value(v).map_err(|e| HandlerError::fail("ENCODE", e.to_string()))
 }
 
-fn transient(context: &str, e: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
-    HandlerError::transient(context.to_string(), e)
+fn parse_payload(row: &TxRow) -> Result<TxPayload, String> {
+    serde_json::from_value(row.payload.clone())
+        .map_err(|e| format!("the recorded payload of {} does not parse: {e}", row.tx_id))
 }
 
-fn event_uuid(s: &str) -> Result<uuid::Uuid, HandlerError> {
-    uuid::Uuid::parse_str(s).map_err(|e| transient("event id", e))
+fn new_event_id() -> String {
+    Uuid::new_v4().to_string()
+}
+
+/// The announcement of a failure.
+fn failed_event(
+    lease: &HeldLease,
+    row: &TxRow,
+    code: FailureCode,
+    reason: &str,
+    released_nonce: Option<i64>,
+) -> TxFailed {
+    TxFailed {
+        event_id: new_event_id(),
+        tx_id: row.tx_id.to_string(),
+        request_id: row.request_id.clone(),
+        chain_id: lease.key().chain_id.0,
+        signer: lease.key().signer.as_str().to_string(),
+        code: code.as_str().to_string(),
+        reason: truncate_reason(reason),
+        nonce: released_nonce,
+        nonce_released: released_nonce.is_some(),
+        fencing_token: lease.token().0,
+    }
+}
+
+/// A move to FAILED with its announcement.
+fn fail_row(
+    lease: &HeldLease,
+    row: &TxRow,
+    code: FailureCode,
+    reason: &str,
+    released_nonce: Option<i64>,
+) -> Result<(MoveRow, TxFailed), HandlerError> {
+    let failed = failed_event(lease, row, code, reason, released_nonce);
+    let mut m = MoveRow::new(row.tx_id, audit(state::FAIL_UNALLOCATED.event, &failed)?);
+    m.failure = Some((code, failed.reason.clone()));
+    Ok((m, failed))
 }
 
 impl RequestStage {
-    fn failed(&self, key: &str, f: TxFailed) -> Output {
+    fn key(&self, lease: &HeldLease) -> String {
+        signer_key(lease.key().chain_id.0, lease.key().signer.as_str())
+    }
+
+    fn outcome<E: Event + 'static>(&self, key: &str, event: E) -> Output {
         Output::new(
-            self.topics.tx_outcomes(),
+            self.config.topics.tx_outcomes(),
             Subjects::TopicRecordName,
             key.to_string(),
-            f,
+            event,
         )
+    }
+
+    /// Announcements of the failures that landed.
+    fn failures(
+        &self,
+        key: &str,
+        failed: Vec<TxFailed>,
+        landed: &[txflow_core::txstore::Landed],
+    ) -> Vec<Output> {
+        failed
+            .into_iter()
+            .filter(|f| landed.iter().any(|l| l.tx_id.to_string() == f.tx_id))
+            .map(|f| self.outcome(key, f))
+            .collect()
     }
 }
 
@@ -68,103 +144,59 @@ impl Handler for RequestStage {
     }
 
     fn input_topic(&self) -> String {
-        self.topics.tx_requests()
+        self.config.topics.tx_requests()
     }
 
     fn route(&self, r: &TxRequest) -> Result<(ChainId, Signer), Rejection> {
-        validate(r, self.chain_id).map(|v| (v.chain_id, v.signer))
+        decide::validate(r, self.config.chain_id).map(|v| (v.chain_id, v.signer))
     }
 
     async fn handle(&self, w: &mut Fenced<'_>, r: &TxRequest) -> Result<Vec<Output>, HandlerError> {
-        let v = validate(r, self.chain_id).map_err(HandlerError::Reject)?;
-        let key = signer_key(v.chain_id.0, v.signer.as_str());
-        let tx_id = uuid::Uuid::now_v7();
+        let v = decide::validate(r, self.config.chain_id).map_err(HandlerError::Reject)?;
+        let lease = w.lease().clone();
+        let tx_id = Uuid::now_v7();
         let accepted = TxAccepted {
-            event_id: uuid::Uuid::new_v4().to_string(),
+            event_id: new_event_id(),
             tx_id: tx_id.to_string(),
             request_id: r.request_id.clone(),
             chain_id: v.chain_id.0,
             signer: v.signer.as_str().to_string(),
-            fencing_token: w.lease().token().0,
+            fencing_token: lease.token().0,
             accepted_at_ms: chrono::Utc::now().timestamp_millis(),
         };
-        let payload = serde_json::to_value(payload_of(&v)).map_err(|e| transient("payload", e))?;
-        let event = serde_json::to_value(&accepted).map_err(|e| transient("event", e))?;
-        let sql = format!(
-            "WITH ins AS (
-                 INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, payload, state, fencing_token)
-                 SELECT $6, $2, $3, $7, $8, 'RECEIVED', $5 WHERE {FENCE_PREDICATE}
-                 ON CONFLICT (chain_id, signer, request_id) DO NOTHING
-                 RETURNING tx_id)
-             INSERT INTO tx_events (event_id, tx_id, type, payload)
-             SELECT $9, tx_id, 'TxAccepted', $10 FROM ins
-             RETURNING tx_id"
-        );
-        let event_id = event_uuid(&accepted.event_id)?;
-        let inserted: Vec<(uuid::Uuid,)> = w
-            .fetch_all("accept request", &sql, |q| {
-                q.bind(tx_id)
-                    .bind(r.request_id.clone())
-                    .bind(payload.clone())
-                    .bind(event_id)
-                    .bind(event.clone())
-            })
-            .await?;
-        let accepted = if inserted.is_empty() {
-            // A duplicate: re-emit the original announcement (same event_id). Or fenced.
-            let original: Vec<(serde_json::Value,)> = w
-                .read(
-                    "accept request",
-                    sqlx::query_as(
-                        "SELECT e.payload FROM managed_tx m
-                         JOIN tx_events e ON e.tx_id = m.tx_id AND e.type = 'TxAccepted'
-                         WHERE m.chain_id = $1 AND m.signer = $2 AND m.request_id = $3",
-                    )
-                    .bind(v.chain_id.0)
-                    .bind(v.signer.as_str().to_string())
-                    .bind(r.request_id.clone()),
-                )
-                .await?;
-            match original.into_iter().next() {
-                Some((p,)) => {
-                    serde_json::from_value(p).map_err(|e| transient("stored event", e))?
+        let row = NewTx {
+            tx_id,
+            request_id: r.request_id.clone(),
+            kind: Kind::Request,
+            nonce: None,
+            payload: json(&decide::payload_of(&v))?,
+            audit: audit("TxAccepted", &accepted)?,
+        };
+        let created = store::accept(w, &[row]).await?;
+        let accepted = if created.is_empty() {
+            // A duplicate: re-emit the original announcement (same event_id).
+            let stored = store::accepted_events(w, std::slice::from_ref(&r.request_id)).await?;
+            match stored.into_iter().next() {
+                Some((_, p)) => serde_json::from_value(p)
+                    .map_err(|e| HandlerError::fail("CORRUPT_EVENT", e.to_string()))?,
+                None => {
+                    return Err(HandlerError::fail(
+                        "CORRUPT_EVENT",
+                        format!(
+                            "request {:?} is recorded without its TxAccepted",
+                            r.request_id
+                        ),
+                    ));
                 }
-                None => return Err(w.fenced("accept request").into()),
             }
         } else {
             accepted
         };
-        Ok(vec![Output::new(
-            self.topics.tx_outcomes(),
-            Subjects::TopicRecordName,
-            key,
-            accepted,
-        )])
+        Ok(vec![self.outcome(&self.key(&lease), accepted)])
     }
 
     async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-        let mut signers = txflow_core::stage::signers_in_states(
-            pool,
-            self.chain_id,
-            &["RECEIVED", "SIMULATED", "REPLACED"],
-        )
-        .await?;
-        // Released nonces nobody has taken yet: filled by a no-op.
-        let released: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT DISTINCT chain_id, signer FROM recycled_nonces WHERE chain_id = $1",
-        )
-        .bind(self.chain_id.0)
-        .fetch_all(pool)
-        .await?;
-        for (chain_id, signer) in released {
-            if let Ok(s) = Signer::parse(&signer) {
-                let key = (ChainId(chain_id), s);
-                if !signers.contains(&key) {
-                    signers.push(key);
-                }
-            }
-        }
-        Ok(signers)
+        store::pending_signers(pool, self.config.chain_id).await
     }
 
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
@@ -175,195 +207,206 @@ impl Handler for RequestStage {
     }
 }
 
-type Row = (uuid::Uuid, String, serde_json::Value);
+fn signer_address(lease: &HeldLease) -> Result<Address, HandlerError> {
+    lease
+        .key()
+        .signer
+        .as_str()
+        .parse()
+        .map_err(|e: alloy::hex::FromHexError| HandlerError::fail("INVALID_SIGNER", e.to_string()))
+}
 
 impl RequestStage {
-    async fn rows(&self, ctx: &DriveCtx<'_>, states: &[&str]) -> Result<Vec<Row>, HandlerError> {
-        let key = ctx.lease.key();
-        sqlx::query_as(
-            "SELECT tx_id, request_id, payload FROM managed_tx
-             WHERE chain_id = $1 AND signer = $2 AND state = ANY($3) ORDER BY created_at, tx_id",
-        )
-        .bind(key.chain_id.0)
-        .bind(key.signer.as_str())
-        .bind(states)
-        .fetch_all(ctx.pool)
-        .await
-        .map_err(|e| transient("list transactions", e))
-    }
-
-    /// RECEIVED → SIMULATED, or FAILED when the call would revert.
+    /// RECEIVED → SIMULATED / PENDING_APPROVAL / FAILED; a signer that cannot pay is held.
     async fn simulate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
-        let rows = self.rows(ctx, &["RECEIVED"]).await?;
+        let lease = ctx.lease;
+        let rows = store::rows(ctx.pool, lease.key(), &[TxState::Received])
+            .await
+            .map_err(|e| HandlerError::classified("list received", e))?;
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let from: Address = ctx
-            .lease
-            .key()
-            .signer
-            .as_str()
-            .parse()
-            .map_err(|e| transient("signer address", e))?;
+        let from = signer_address(lease)?;
         // The calls run outside any transaction, several at a time.
-        let mut results = Vec::with_capacity(rows.len());
-        for chunk in rows.chunks(32) {
-            let calls = chunk.iter().map(|(_, _, p)| async move {
-                let p: Payload =
-                    serde_json::from_value(p.clone()).map_err(|e| transient("payload", e))?;
-                let to: Address = p.to.parse().map_err(|e| transient("to", e))?;
-                let value =
-                    U256::from_str_radix(&p.value, 10).map_err(|e| transient("value", e))?;
-                let data = Bytes::from(
-                    hex::decode(p.data.trim_start_matches("0x"))
-                        .map_err(|e| transient("data", e))?,
-                );
-                let sim = self.chain.simulate(from, to, value, data).await;
-                Ok::<_, HandlerError>((p, sim))
+        let payloads: Vec<Result<TxPayload, String>> = rows.iter().map(parse_payload).collect();
+        let mut sims: Vec<Option<decide::SimResult>> = Vec::with_capacity(rows.len());
+        for chunk in payloads.chunks(32) {
+            let calls = chunk.iter().map(|p| async move {
+                let Ok((to, value, data)) =
+                    p.as_ref().map_err(Clone::clone).and_then(decide::call_of)
+                else {
+                    return None;
+                };
+                Some(
+                    self.chain
+                        .simulate(from, to, value, data)
+                        .await
+                        .map_err(|e| SimError {
+                            transient: e.is_transient(),
+                            message: e.to_string(),
+                        }),
+                )
             });
-            results.extend(futures::future::join_all(calls).await);
+            sims.extend(futures::future::join_all(calls).await);
         }
         txflow_core::fault::point(txflow_core::fault::AFTER_CALL);
+        let decisions: Vec<AfterSimulation> = payloads
+            .iter()
+            .zip(&sims)
+            .map(|(p, sim)| match (p, sim) {
+                (Ok(p), Some(sim)) => decide::after_simulation(&self.config.policy, p, sim),
+                (Ok(p), None) => {
+                    decide::after_simulation(&self.config.policy, p, &Ok(Simulation::Ok { gas: 0 }))
+                }
+                (Err(why), _) => AfterSimulation::Fail {
+                    code: FailureCode::SimulationFailed,
+                    reason: why.clone(),
+                },
+            })
+            .collect();
         // A signer that cannot pay is held: its requests wait in RECEIVED (the recovery scan
         // simulates them again), none fails, and the hold is the alert.
-        let broke = results.iter().find_map(|r| match r {
-            Ok((_, Ok(Simulation::InsufficientFunds { reason }))) => Some(reason.clone()),
+        if let Some(reason) = decisions.iter().find_map(|d| match d {
+            AfterSimulation::Hold { reason } => Some(reason.clone()),
             _ => None,
-        });
-        if let Some(reason) = broke {
-            txflow_core::holds::hold(ctx.pool, ctx.lease.key(), &reason)
+        }) {
+            txflow_core::holds::hold(ctx.pool, lease.key(), &reason)
                 .await
-                .map_err(|e| transient("hold", e))?;
+                .map_err(|e| HandlerError::transient("hold", e))?;
             return Ok(Vec::new());
         }
-        txflow_core::holds::resume(ctx.pool, ctx.lease.key())
+        if let Some(reason) = decisions.iter().find_map(|d| match d {
+            AfterSimulation::Retry { reason } => Some(reason.clone()),
+            _ => None,
+        }) {
+            return Err(HandlerError::transient(
+                "eth_estimateGas",
+                std::io::Error::other(reason),
+            ));
+        }
+        txflow_core::holds::resume(ctx.pool, lease.key())
             .await
-            .map_err(|e| transient("resume", e))?;
-        let key = signer_key(ctx.lease.key().chain_id.0, ctx.lease.key().signer.as_str());
-        let mut outputs = Vec::new();
-        let mut tx = ctx.lease.begin(ctx.pool).await?;
-        for ((tx_id, request_id, _), result) in rows.iter().zip(results) {
-            let (mut p, sim) = result?;
-            let to: Address = p.to.parse().map_err(|e| transient("to", e))?;
-            let value = U256::from_str_radix(&p.value, 10).map_err(|e| transient("value", e))?;
-            let verdict = self.policy.check(to, value);
-            if let Verdict::Deny(reason) = &verdict {
-                outputs.extend(
-                    self.fail(
-                        &mut tx.writer(),
-                        &key,
-                        *tx_id,
-                        request_id,
-                        "POLICY_DENIED",
-                        reason,
-                    )
-                    .await?,
-                );
-                continue;
-            }
-            let next_state = if verdict == Verdict::NeedsApproval {
-                "PENDING_APPROVAL"
-            } else {
-                "SIMULATED"
-            };
-            match sim {
-                Err(e) if e.is_transient() => return Err(transient("eth_estimateGas", e)),
-                Err(e) => {
-                    let reason = e.to_string();
-                    outputs.extend(
-                        self.fail(
-                            &mut tx.writer(),
-                            &key,
-                            *tx_id,
-                            request_id,
-                            "SIMULATION_FAILED",
-                            &reason,
-                        )
-                        .await?,
-                    );
+            .map_err(|e| HandlerError::transient("resume", e))?;
+
+        let token = lease.token().0;
+        let (mut simulated, mut waiting, mut failing, mut failed) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (row, d) in rows.iter().zip(&decisions) {
+            match d {
+                AfterSimulation::Simulated(p) | AfterSimulation::AwaitApproval(p) => {
+                    let (list, m) = if matches!(d, AfterSimulation::AwaitApproval(_)) {
+                        (&mut waiting, state::AWAIT_APPROVAL)
+                    } else {
+                        (&mut simulated, state::SIMULATE)
+                    };
+                    let event = serde_json::json!({
+                        "tx_id": row.tx_id.to_string(), "gas_limit": p.gas_limit, "fencing_token": token,
+                    });
+                    let mut row_move = MoveRow::new(row.tx_id, note(m.event, event));
+                    row_move.payload = Some(json(p)?);
+                    list.push(row_move);
                 }
-                Ok(Simulation::InsufficientFunds { .. }) => {} // held above
-                Ok(Simulation::Reverts { reason }) => {
-                    outputs.extend(
-                        self.fail(
-                            &mut tx.writer(),
-                            &key,
-                            *tx_id,
-                            request_id,
-                            "SIMULATION_REVERTED",
-                            &reason,
-                        )
-                        .await?,
-                    );
+                AfterSimulation::Fail { code, reason } => {
+                    let (m, f) = fail_row(lease, row, *code, reason, None)?;
+                    failing.push(m);
+                    failed.push(f);
                 }
-                Ok(Simulation::Ok { gas }) => {
-                    // Keep the requested limit; otherwise the estimate plus 20%.
-                    p.gas_limit = Some(p.gas_limit.unwrap_or(gas + gas / 5));
-                    let payload = serde_json::to_value(&p).map_err(|e| transient("payload", e))?;
-                    // A request that needs approval waits without a nonce, so it blocks nobody.
-                    let sql = format!(
-                        "UPDATE managed_tx SET state = $8, payload = $7, fencing_token = $5, updated_at = now()
-                         WHERE tx_id = $6 AND state = 'RECEIVED' AND {FENCE_PREDICATE} RETURNING tx_id"
-                    );
-                    tx.writer()
-                        .fetch_all::<(uuid::Uuid,)>("simulated", &sql, |q| {
-                            q.bind(*tx_id).bind(payload).bind(next_state)
-                        })
-                        .await?;
-                }
+                AfterSimulation::Hold { .. } | AfterSimulation::Retry { .. } => {}
             }
         }
+        let key = self.key(lease);
+        let mut tx = lease.begin(ctx.pool).await?;
+        let landed = store::fail_unallocated(&mut tx.writer(), &failing).await?;
+        // A request that needs approval waits without a nonce, so it blocks nobody.
+        store::await_approval(&mut tx.writer(), &waiting).await?;
+        store::simulated(&mut tx.writer(), &simulated).await?;
         tx.commit().await?;
-        Ok(outputs)
+        Ok(self.failures(&key, failed, &landed))
     }
 
-    pub(crate) async fn fail(
-        &self,
-        w: &mut Fenced<'_>,
-        key: &str,
-        tx_id: uuid::Uuid,
-        request_id: &str,
-        code: &str,
-        reason: &str,
-    ) -> Result<Vec<Output>, HandlerError> {
-        let lease = w.lease().clone();
-        let failed = TxFailed {
-            event_id: uuid::Uuid::new_v4().to_string(),
-            tx_id: tx_id.to_string(),
-            request_id: request_id.to_string(),
-            chain_id: lease.key().chain_id.0,
-            signer: lease.key().signer.as_str().to_string(),
-            code: code.to_string(),
-            reason: reason.chars().take(500).collect(),
-            nonce: None,
-            nonce_released: false,
-            fencing_token: lease.token().0,
-        };
-        let event = serde_json::to_value(&failed).map_err(|e| transient("event", e))?;
-        let sql = format!(
-            "WITH upd AS (
-                 UPDATE managed_tx SET state = 'FAILED', failure_code = $7, failure_reason = $8,
-                        fencing_token = $5, updated_at = now()
-                 WHERE tx_id = $6 AND state IN ('RECEIVED', 'SIMULATED', 'PENDING_APPROVAL') AND {FENCE_PREDICATE}
-                 RETURNING tx_id)
-             INSERT INTO tx_events (event_id, tx_id, type, payload)
-             SELECT $9, tx_id, 'TxFailed', $10 FROM upd RETURNING tx_id"
-        );
-        let event_id = event_uuid(&failed.event_id)?;
-        let done: Vec<(uuid::Uuid,)> = w
-            .fetch_all("fail", &sql, |q| {
-                q.bind(tx_id)
-                    .bind(code.to_string())
-                    .bind(failed.reason.clone())
-                    .bind(event_id)
-                    .bind(event)
-            })
-            .await?;
-        Ok(if done.is_empty() {
-            Vec::new()
+    /// SIMULATED / REPLACED → ALLOCATED: nonces from the fenced cursor, in request order.
+    async fn allocate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+        let lease = ctx.lease;
+        let rows = store::rows(
+            ctx.pool,
+            lease.key(),
+            &[TxState::Simulated, TxState::Replaced],
+        )
+        .await
+        .map_err(|e| HandlerError::classified("list allocatable", e))?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let db = |what: &'static str| move |e: sqlx::Error| HandlerError::transient(what, e);
+        let replaced = store::has_replaced(ctx.pool, lease.key())
+            .await
+            .map_err(db("replaced"))?;
+        let fresh = store::cursor_fresh(ctx.pool, lease.key(), self.config.nonce_state_timeout)
+            .await
+            .map_err(db("cursor"))?;
+        // External calls first, outside the transaction.
+        let chain_nonce = if decide::needs_chain_nonce(fresh, replaced) {
+            let n = self
+                .chain
+                .pending_nonce(signer_address(lease)?)
+                .await
+                .map_err(|e| HandlerError::classified("pending nonce", e))?;
+            Some(n)
         } else {
-            vec![self.failed(key, failed)]
-        })
+            None
+        };
+        let payloads: Vec<TxPayload> = rows
+            .iter()
+            .map(|r| parse_payload(r).map_err(|why| HandlerError::fail("CORRUPT_ROW", why)))
+            .collect::<Result<_, _>>()?;
+        let fees = if decide::needs_fees(&payloads) {
+            Some(
+                self.chain
+                    .fees()
+                    .await
+                    .map_err(|e| HandlerError::classified("fees", e))?,
+            )
+        } else {
+            None
+        };
+
+        let key = self.key(lease);
+        let mut tx = lease.begin(ctx.pool).await?;
+        if let Some(n) = chain_nonce {
+            tx.align_cursor(i64::try_from(n).unwrap_or(i64::MAX))
+                .await?;
+        }
+        let nonces = tx.allocate_nonces(rows.len() as u32).await?;
+        let mut moves = Vec::with_capacity(rows.len());
+        let mut outputs = Vec::with_capacity(rows.len());
+        for ((row, p), nonce) in rows.iter().zip(payloads).zip(nonces) {
+            let p = decide::with_fees(p, fees);
+            let allocated: TxAllocated = decide::allocated_event(
+                new_event_id(),
+                row.tx_id.to_string(),
+                row.request_id.clone(),
+                lease.key().chain_id.0,
+                &lease.key().signer,
+                nonce,
+                &p,
+                lease.token().0,
+            )
+            .map_err(|why| HandlerError::fail("CORRUPT_ROW", why))?;
+            let mut m = MoveRow::new(row.tx_id, audit(state::ALLOCATE.event, &allocated)?);
+            m.nonce = Some(nonce);
+            m.payload = Some(json(&p)?);
+            moves.push(m);
+            outputs.push(Output::new(
+                self.config.topics.tx_allocated(),
+                Subjects::TopicName,
+                key.clone(),
+                allocated,
+            ));
+        }
+        store::allocate(&mut tx.writer(), &moves).await?;
+        txflow_core::fault::point(txflow_core::fault::ALLOCATOR_BEFORE_COMMIT);
+        tx.commit().await?;
+        Ok(outputs)
     }
 
     /// Released nonces that no waiting request took (allocation runs first and takes them) are
@@ -371,195 +414,152 @@ impl RequestStage {
     /// behind a gap.
     async fn fill_released(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
         let lease = ctx.lease;
-        let released: Vec<(i64,)> = sqlx::query_as(
-            "SELECT nonce FROM recycled_nonces WHERE chain_id = $1 AND signer = $2 ORDER BY nonce",
-        )
-        .bind(lease.key().chain_id.0)
-        .bind(lease.key().signer.as_str())
-        .fetch_all(ctx.pool)
-        .await
-        .map_err(|e| transient("released nonces", e))?;
-        if released.is_empty() {
+        let released = store::released_nonces(ctx.pool, lease.key())
+            .await
+            .map_err(|e| HandlerError::transient("released nonces", e))?;
+        if released == 0 {
             return Ok(Vec::new());
         }
-        let (max_fee, tip) = self.chain.fees().await.map_err(|e| transient("fees", e))?;
-        let signer = lease.key().signer.as_str().to_string();
-        let key = signer_key(lease.key().chain_id.0, &signer);
+        let fees = self
+            .chain
+            .fees()
+            .await
+            .map_err(|e| HandlerError::classified("fees", e))?;
+        let signer = &lease.key().signer;
+        let key = self.key(lease);
         let mut tx = lease.begin(ctx.pool).await?;
-        let nonces = tx.allocate_nonces(released.len() as u32).await?;
+        let nonces = tx
+            .allocate_nonces(u32::try_from(released).unwrap_or(u32::MAX))
+            .await?;
+        let mut rows = Vec::with_capacity(nonces.len());
         let mut outputs = Vec::with_capacity(nonces.len());
         for nonce in nonces {
-            let tx_id = uuid::Uuid::now_v7();
+            let tx_id = Uuid::now_v7();
             let request_id = format!("noop-{nonce}-{}", &tx_id.simple().to_string()[20..]);
-            let payload = Payload {
-                to: signer.clone(),
-                value: "0".into(),
-                data: "0x".into(),
-                gas_limit: Some(21_000),
-                max_fee_per_gas: Some(max_fee.to_string()),
-                max_priority_fee_per_gas: Some(tip.to_string()),
-            };
-            let allocated = TxAllocated {
-                event_id: uuid::Uuid::new_v4().to_string(),
-                tx_id: tx_id.to_string(),
-                request_id: request_id.clone(),
-                chain_id: lease.key().chain_id.0,
-                signer: signer.clone(),
+            let payload = decide::noop_payload(signer, fees);
+            let allocated = decide::allocated_event(
+                new_event_id(),
+                tx_id.to_string(),
+                request_id.clone(),
+                lease.key().chain_id.0,
+                signer,
                 nonce,
-                to: signer.clone(),
-                value: "0".into(),
-                data: Vec::new(),
-                gas_limit: 21_000,
-                max_fee_per_gas: max_fee.to_string(),
-                max_priority_fee_per_gas: tip.to_string(),
-                fencing_token: lease.token().0,
-            };
-            let payload = serde_json::to_value(&payload).map_err(|e| transient("payload", e))?;
-            let event = serde_json::to_value(&allocated).map_err(|e| transient("event", e))?;
-            let event_id = event_uuid(&allocated.event_id)?;
-            let sql = format!(
-                "WITH ins AS (
-                     INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, kind, nonce, payload, state, fencing_token)
-                     SELECT $6, $2, $3, $7, 'NOOP', $8, $9, 'ALLOCATED', $5 WHERE {FENCE_PREDICATE}
-                     RETURNING tx_id)
-                 INSERT INTO tx_events (event_id, tx_id, type, payload)
-                 SELECT $10, tx_id, 'TxAllocated', $11 FROM ins RETURNING tx_id"
-            );
-            tx.writer()
-                .fetch_one::<(uuid::Uuid,)>("fill released nonce", &sql, |q| {
-                    q.bind(tx_id)
-                        .bind(request_id)
-                        .bind(nonce)
-                        .bind(payload)
-                        .bind(event_id)
-                        .bind(event)
-                })
-                .await?;
+                &payload,
+                lease.token().0,
+            )
+            .map_err(|why| HandlerError::fail("CORRUPT_ROW", why))?;
+            rows.push(NewTx {
+                tx_id,
+                request_id,
+                kind: Kind::Noop,
+                nonce: Some(nonce),
+                payload: json(&payload)?,
+                audit: audit(state::ALLOCATE.event, &allocated)?,
+            });
             tracing::info!(signer = %signer, nonce, tx_id = %tx_id, "released nonce filled with a no-op");
             outputs.push(Output::new(
-                self.topics.tx_allocated(),
+                self.config.topics.tx_allocated(),
                 Subjects::TopicName,
                 key.clone(),
                 allocated,
             ));
         }
+        store::fill_noops(&mut tx.writer(), &rows).await?;
         tx.commit().await?;
         Ok(outputs)
     }
+}
 
-    /// SIMULATED → ALLOCATED: nonces from the fenced cursor, in request order.
-    async fn allocate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
-        let rows = self.rows(ctx, &["SIMULATED", "REPLACED"]).await?;
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        // A transaction whose nonce was used outside txflow: the cursor is behind the chain.
-        let replaced: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND state = 'REPLACED'",
-        )
-        .bind(ctx.lease.key().chain_id.0)
-        .bind(ctx.lease.key().signer.as_str())
-        .fetch_one(ctx.pool)
-        .await
-        .map_err(|e| transient("replaced", e))?;
-        let lease = ctx.lease;
-        let address: Address = lease
-            .key()
-            .signer
-            .as_str()
-            .parse()
-            .map_err(|e| transient("signer address", e))?;
-        // External calls first, outside the transaction.
-        let stale: Option<(i64,)> = sqlx::query_as(
-            "SELECT next_nonce FROM signer_nonce_cursor WHERE chain_id = $1 AND signer = $2
-               AND synced_at > clock_timestamp() - $3 * interval '1 millisecond'",
-        )
-        .bind(lease.key().chain_id.0)
-        .bind(lease.key().signer.as_str())
-        .bind(self.nonce_state_timeout.as_millis() as i64)
-        .fetch_optional(ctx.pool)
-        .await
-        .map_err(|e| transient("cursor", e))?;
-        let chain_nonce = match stale {
-            Some(_) if replaced == 0 => None,
-            _ => Some(
-                self.chain
-                    .pending_nonce(address)
-                    .await
-                    .map_err(|e| transient("pending nonce", e))?,
-            ),
-        };
-        let payloads: Vec<Payload> = rows
-            .iter()
-            .map(|(_, _, p)| serde_json::from_value(p.clone()).map_err(|e| transient("payload", e)))
-            .collect::<Result<_, _>>()?;
-        let fees = if payloads
-            .iter()
-            .any(|p| p.max_fee_per_gas.is_none() || p.max_priority_fee_per_gas.is_none())
-        {
-            Some(self.chain.fees().await.map_err(|e| transient("fees", e))?)
-        } else {
-            None
-        };
+/// Operator commands on `tx.commands`: APPROVE moves a PENDING_APPROVAL transaction on to
+/// allocation (the approver recorded); CANCEL fails a transaction that is not signed yet,
+/// releasing its nonce if it had one. A command for a transaction in another state changes
+/// nothing. BUMP is the signer gateway's and is ignored here.
+pub struct CommandStage {
+    pub requests: Arc<RequestStage>,
+}
 
-        let key = signer_key(lease.key().chain_id.0, lease.key().signer.as_str());
-        let mut tx = lease.begin(ctx.pool).await?;
-        if let Some(n) = chain_nonce {
-            tx.align_cursor(n as i64).await?;
-        }
-        let nonces = tx.allocate_nonces(rows.len() as u32).await?;
-        let mut outputs = Vec::with_capacity(rows.len());
-        for (((tx_id, request_id, _), mut p), nonce) in rows.into_iter().zip(payloads).zip(nonces) {
-            if let Some((max, tip)) = fees {
-                p.max_fee_per_gas.get_or_insert(max.to_string());
-                p.max_priority_fee_per_gas.get_or_insert(tip.to_string());
-            }
-            let allocated = TxAllocated {
-                event_id: uuid::Uuid::new_v4().to_string(),
-                tx_id: tx_id.to_string(),
-                request_id,
-                chain_id: lease.key().chain_id.0,
-                signer: lease.key().signer.as_str().to_string(),
-                nonce,
-                to: p.to.clone(),
-                value: p.value.clone(),
-                data: hex::decode(p.data.trim_start_matches("0x"))
-                    .map_err(|e| transient("data", e))?,
-                gas_limit: p.gas_limit.unwrap_or(21_000) as i64,
-                max_fee_per_gas: p.max_fee_per_gas.clone().unwrap_or_default(),
-                max_priority_fee_per_gas: p.max_priority_fee_per_gas.clone().unwrap_or_default(),
-                fencing_token: lease.token().0,
-            };
-            let payload = serde_json::to_value(&p).map_err(|e| transient("payload", e))?;
-            let event = serde_json::to_value(&allocated).map_err(|e| transient("event", e))?;
-            let event_id = event_uuid(&allocated.event_id)?;
-            let sql = format!(
-                "WITH upd AS (
-                     UPDATE managed_tx SET state = 'ALLOCATED', nonce = $7, payload = $8, fencing_token = $5,
-                            updated_at = now()
-                     WHERE tx_id = $6 AND state IN ('SIMULATED', 'REPLACED') AND {FENCE_PREDICATE}
-                     RETURNING tx_id)
-                 INSERT INTO tx_events (event_id, tx_id, type, payload)
-                 SELECT $9, tx_id, 'TxAllocated', $10 FROM upd RETURNING tx_id"
-            );
-            tx.writer()
-                .fetch_one::<(uuid::Uuid,)>("allocate", &sql, |q| {
-                    q.bind(tx_id)
-                        .bind(nonce)
-                        .bind(payload)
-                        .bind(event_id)
-                        .bind(event)
-                })
-                .await?;
-            outputs.push(Output::new(
-                self.topics.tx_allocated(),
-                Subjects::TopicName,
-                key.clone(),
-                allocated,
+impl Handler for CommandStage {
+    type Input = TxCommand;
+
+    fn role(&self) -> Role {
+        Role::Allocator
+    }
+
+    fn input_topic(&self) -> String {
+        self.requests.config.topics.tx_commands()
+    }
+
+    fn route(&self, c: &TxCommand) -> Result<(ChainId, Signer), Rejection> {
+        if Uuid::parse_str(&c.tx_id).is_err() {
+            return Err(Rejection::new(
+                "INVALID_TX_ID",
+                format!("{:?} is not a transaction id", c.tx_id),
             ));
         }
-        txflow_core::fault::point(txflow_core::fault::ALLOCATOR_BEFORE_COMMIT);
-        tx.commit().await?;
-        Ok(outputs)
+        let s = Signer::parse(&c.signer)
+            .map_err(|e| Rejection::new("INVALID_SIGNER", e.to_string()))?;
+        Ok((ChainId(c.chain_id), s))
+    }
+
+    async fn handle(&self, w: &mut Fenced<'_>, c: &TxCommand) -> Result<Vec<Output>, HandlerError> {
+        let tx_id = Uuid::parse_str(&c.tx_id).map_err(|_| {
+            HandlerError::Reject(Rejection::new("INVALID_TX_ID", "not a transaction id"))
+        })?;
+        let lease = w.lease().clone();
+        let target = store::command_target(w, tx_id)
+            .await
+            .map_err(|e| HandlerError::classified("command target", e))?;
+        let decision = decide::decide_command(c.command, target.as_ref().map(|r| r.state));
+        let (Some(row), true) = (target, !matches!(decision, CommandDecision::Ignore(_))) else {
+            if let CommandDecision::Ignore(why) = decision
+                && c.command != TxCommandKind::Bump
+            {
+                tracing::info!(tx_id = %tx_id, command = ?c.command, why, "command changes nothing");
+            }
+            return Ok(Vec::new());
+        };
+        let key = signer_key(c.chain_id, lease.key().signer.as_str());
+        match decision {
+            CommandDecision::Approve => {
+                let event = serde_json::json!({
+                    "tx_id": tx_id.to_string(), "approved_by": c.requested_by,
+                    "command_event_id": c.event_id, "fencing_token": lease.token().0,
+                });
+                let mut m = MoveRow::new(tx_id, note(state::APPROVE.event, event));
+                m.approved_by = Some(c.requested_by.clone());
+                let done = store::approve(w, &[m]).await?;
+                tracing::info!(tx_id = %tx_id, by = %c.requested_by, applied = !done.is_empty(), "approve");
+                Ok(Vec::new())
+            }
+            CommandDecision::CancelUnallocated => {
+                let reason = decide::cancel_reason(&c.requested_by, c.reason.as_deref());
+                let (m, f) = fail_row(&lease, &row, FailureCode::Cancelled, &reason, None)?;
+                let landed = store::fail_unallocated(w, &[m]).await?;
+                Ok(self.requests.failures(&key, vec![f], &landed))
+            }
+            CommandDecision::CancelAllocated => {
+                let Some(nonce) = row.nonce else {
+                    return Ok(Vec::new());
+                };
+                let reason = decide::cancel_reason(&c.requested_by, c.reason.as_deref());
+                let (mut m, f) =
+                    fail_row(&lease, &row, FailureCode::Cancelled, &reason, Some(nonce))?;
+                m.audit.event_type = state::FAIL_ALLOCATED.event;
+                m.expect_nonce = Some(nonce);
+                let landed = store::cancel_allocated(w, &[m]).await?;
+                tracing::info!(tx_id = %tx_id, nonce, by = %c.requested_by, "cancelled after allocation; nonce released");
+                Ok(self.requests.failures(&key, vec![f], &landed))
+            }
+            CommandDecision::Ignore(_) => Ok(Vec::new()),
+        }
+    }
+
+    async fn pending_signers(&self, _pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+        Ok(Vec::new())
+    }
+
+    /// Allocates what an approval released.
+    async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+        self.requests.drive(ctx).await
     }
 }

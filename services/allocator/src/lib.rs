@@ -1,26 +1,29 @@
-//! The allocator role: validates requests, records them (RECEIVED), simulates them (SIMULATED or
-//! FAILED with the revert reason) and allocates nonces (ALLOCATED). Runs on the stage runtime.
-//! Policy (whitelist, value limit, approval threshold → PENDING_APPROVAL) is checked after
-//! simulation; approve/cancel commands arrive on `tx.commands` and run on a second stage runtime
+//! The allocator role: validates requests, records them (RECEIVED), simulates them (SIMULATED,
+//! PENDING_APPROVAL above the approval threshold, or FAILED with the reason) and allocates nonces
+//! (ALLOCATED). Approve/cancel commands arrive on `tx.commands` and run on a second stage runtime
 //! under the same role and node.
+//!
+//! Files, as in every stage: `config.rs` (settings), `handler.rs` (route → load → decide →
+//! persist → outputs), `decide.rs` (pure decisions, table-tested), `store.rs` (the SQL, one
+//! function per transition). This file only wires them to the runtime.
 
-pub mod commands;
+pub mod config;
+pub mod decide;
 pub mod handler;
-pub mod validate;
+pub mod store;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use txflow_core::codec::RegistryCodec;
 use txflow_core::config::Config;
-use txflow_core::domain::{ChainId, NodeId};
+use txflow_core::domain::NodeId;
 use txflow_core::lease::{LeaseConfig, LeaseManager};
 use txflow_core::role::{Role, RoleError};
 use txflow_core::stage::{StageConfig, StageRuntime};
 
-pub use commands::CommandStage;
-pub use handler::RequestStage;
+pub use config::AllocatorConfig;
+pub use handler::{CommandStage, RequestStage};
 pub use txflow_core::policy::{Policy, Verdict};
 
 /// The allocator's two stage runtimes for `config`: requests and commands.
@@ -30,13 +33,9 @@ pub async fn runtimes(
     lease: LeaseConfig,
 ) -> Result<(StageRuntime<Arc<RequestStage>>, StageRuntime<CommandStage>), RoleError> {
     let pool = txflow_core::db::connect(&config.database_url, 8).await?;
-    let chain = Arc::new(config.chain()?);
     let stage = Arc::new(RequestStage {
-        topics: config.topics.clone(),
-        policy: txflow_core::policy::from_config(config)?,
-        chain,
-        chain_id: ChainId(config.chain_id),
-        nonce_state_timeout: Duration::from_secs(30),
+        config: AllocatorConfig::from_config(config)?,
+        chain: Arc::new(config.chain()?),
     });
     let codec = RegistryCodec::new(&config.schema_registry_url);
     let stage_config = |group: &str| StageConfig::for_pipeline(config, group, lease);

@@ -517,9 +517,12 @@ impl Chain {
 
     /// The number of the latest block (`eth_blockNumber`).
     pub async fn block_number(&self) -> Result<u64, ChainError> {
-        self.call("eth_blockNumber", |p| async move { p.get_block_number().await })
-            .await
-            .map_err(|e| classify("eth_blockNumber", e))
+        self.call(
+            "eth_blockNumber",
+            |p| async move { p.get_block_number().await },
+        )
+        .await
+        .map_err(|e| classify("eth_blockNumber", e))
     }
 }
 

@@ -151,8 +151,12 @@ pub async fn create(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, Fen
                 .bind(events)
         })
         .await?;
-    landed_or_fenced(w, "create", out.into_iter().map(|(t,)| t.map(|t| (t, None))))
-        .map(|l| l.into_iter().map(|l| l.tx_id).collect())
+    landed_or_fenced(
+        w,
+        "create",
+        out.into_iter().map(|(t,)| t.map(|t| (t, None))),
+    )
+    .map(|l| l.into_iter().map(|l| l.tx_id).collect())
 }
 
 /// Applies `m` to `rows`: each row moves only if it is in one of `m.from` (and holds
@@ -179,7 +183,11 @@ pub async fn apply(
         .collect();
     let reasons: Vec<Option<String>> = rows
         .iter()
-        .map(|r| r.failure.as_ref().map(|(_, why)| txflow_domain::failure::truncate_reason(why)))
+        .map(|r| {
+            r.failure
+                .as_ref()
+                .map(|(_, why)| txflow_domain::failure::truncate_reason(why))
+        })
         .collect();
     let approvers: Vec<Option<&str>> = rows.iter().map(|r| r.approved_by.as_deref()).collect();
     let expect: Vec<Option<i64>> = rows.iter().map(|r| r.expect_nonce).collect();

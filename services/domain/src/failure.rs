@@ -65,7 +65,10 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for c in FailureCode::ALL {
             let s = c.as_str();
-            assert!(s.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'), "{s}");
+            assert!(
+                s.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'),
+                "{s}"
+            );
             assert!(seen.insert(s), "{s} twice");
         }
     }

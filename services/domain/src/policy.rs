@@ -45,16 +45,17 @@ impl Policy {
         max_value_wei: Option<&str>,
         approval_threshold_wei: Option<&str>,
     ) -> Result<Policy, PolicyError> {
-        let amount = |setting: &'static str, v: Option<&str>| -> Result<Option<U256>, PolicyError> {
-            v.map(|s| {
-                U256::from_str_radix(s, 10).map_err(|_| PolicyError {
-                    setting,
-                    value: s.to_string(),
-                    why: "not a decimal amount of wei",
+        let amount =
+            |setting: &'static str, v: Option<&str>| -> Result<Option<U256>, PolicyError> {
+                v.map(|s| {
+                    U256::from_str_radix(s, 10).map_err(|_| PolicyError {
+                        setting,
+                        value: s.to_string(),
+                        why: "not a decimal amount of wei",
+                    })
                 })
-            })
-            .transpose()
-        };
+                .transpose()
+            };
         let whitelist = if whitelist.is_empty() {
             None
         } else {

@@ -28,6 +28,10 @@ impl Role {
         Role::Gateway,
     ];
 
+    /// The stages of the transaction pipeline built so far, in pipeline order: the one list the
+    /// binary (`txflow up`, `bench`, `demo`) and the test harness start.
+    pub const PIPELINE: [Role; 3] = [Role::Allocator, Role::SignerGateway, Role::Broadcaster];
+
     /// The name used in leases (`signer_lease.role`), logs and the CLI.
     pub fn as_str(self) -> &'static str {
         match self {

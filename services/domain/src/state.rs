@@ -326,11 +326,7 @@ mod tests {
         let mut legal = 0;
         for from in TxState::ALL {
             for to in TxState::ALL {
-                assert_eq!(
-                    from.can_move_to(to),
-                    designed(from, to),
-                    "{from} → {to}"
-                );
+                assert_eq!(from.can_move_to(to), designed(from, to), "{from} → {to}");
                 match from.check_move(to) {
                     Ok(()) => legal += 1,
                     Err(e) => assert_eq!(e, IllegalTransition { from, to }),
@@ -352,7 +348,14 @@ mod tests {
     fn nonce_holders_are_the_allocated_states_up_to_the_chain() {
         assert_eq!(
             TxState::nonce_holders(),
-            vec!["ALLOCATED", "SIGNED", "SUBMITTED", "MINED", "CONFIRMED", "REVERTED"]
+            vec![
+                "ALLOCATED",
+                "SIGNED",
+                "SUBMITTED",
+                "MINED",
+                "CONFIRMED",
+                "REVERTED"
+            ]
         );
         // Moving into a nonce-holding state from one that holds none is only an allocation.
         for &(from, to) in TRANSITIONS {

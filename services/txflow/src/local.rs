@@ -17,7 +17,7 @@ use txflow_core::codec::{RegistryCodec, Subjects};
 use txflow_core::config::Config;
 use txflow_core::events::{TxCommand, TxRequest};
 use txflow_core::kafka::{ensure_topics, signer_key};
-use txflow_signer_gateway::Keys;
+use txflow_core::role::Role;
 
 pub const SINK: &str = "0x000000000000000000000000000000000000dead";
 
@@ -53,27 +53,22 @@ impl LocalPipeline {
                 .anvil_set_balance(k.address(), U256::from(10u128.pow(22)))
                 .await?;
         }
-        let lease = config.lease();
-        let node = config.node();
-        let (requests, commands) = txflow_allocator::runtimes(&config, node.clone(), lease).await?;
-        let signer = txflow_signer_gateway::runtime(
-            &config,
-            Keys::from_signers(keys.clone()),
-            node.clone(),
-            lease,
-        )
-        .await?;
-        let broadcaster = txflow_broadcaster::runtime(&config, node, lease).await?;
+        // The signer gateway signs with the generated keys (never logged: `Secret`).
+        let mut config = config;
+        config.signer_keys = txflow_core::config::Secret::new(
+            keys.iter()
+                .map(|k| format!("0x{}", hex::encode(k.to_bytes())))
+                .collect::<Vec<_>>()
+                .join(","),
+        );
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
-        let t = shutdown.clone();
-        tasks.push(tokio::spawn(async move { Ok(requests.run(t).await?) }));
-        let t = shutdown.clone();
-        tasks.push(tokio::spawn(async move { Ok(commands.run(t).await?) }));
-        let t = shutdown.clone();
-        tasks.push(tokio::spawn(async move { Ok(signer.run(t).await?) }));
-        let t = shutdown.clone();
-        tasks.push(tokio::spawn(async move { Ok(broadcaster.run(t).await?) }));
+        for role in Role::PIPELINE {
+            let (config, token) = (config.clone(), shutdown.child_token());
+            tasks.push(tokio::spawn(async move {
+                crate::roles::run_role(role, &config, token).await
+            }));
+        }
         Ok(LocalPipeline {
             codec: RegistryCodec::new(&config.schema_registry_url),
             producer: config.kafka.producer_config().create()?,

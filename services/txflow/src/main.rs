@@ -6,6 +6,7 @@ mod bench;
 mod bench_stage;
 mod demo;
 mod local;
+mod roles;
 mod up;
 
 use std::process::ExitCode;
@@ -108,17 +109,7 @@ fn config(global: &Global) -> anyhow::Result<Config> {
 }
 
 async fn run_role(role: Role, config: &Config) -> anyhow::Result<()> {
-    match role {
-        Role::Allocator => txflow_allocator::run(config).await?,
-        Role::SignerGateway => txflow_signer_gateway::run(config).await?,
-        Role::Broadcaster => txflow_broadcaster::run(config).await?,
-        Role::ReceiptChecker => txflow_receipt_checker::run(config).await?,
-        Role::ConfirmationManager => txflow_confirmation_manager::run(config).await?,
-        Role::TransferCoordinator => txflow_transfer_coordinator::run(config).await?,
-        Role::SpotLedger => txflow_spot_ledger::run(config).await?,
-        Role::Gateway => txflow_gateway::run(config).await?,
-    }
-    Ok(())
+    roles::run_role(role, config, roles::shutdown_root()?).await
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -13,7 +13,7 @@ pub struct UpArgs {
     once: bool,
 }
 
-pub async fn run(config: &Config, args: UpArgs) -> anyhow::Result<()> {
+pub async fn run(config: &Config, mut args: UpArgs) -> anyhow::Result<()> {
     let pool = txflow_core::db::connect(&config.database_url, 4).await?;
     let migrations = txflow_core::db::migrate(&pool).await?;
     println!(
@@ -39,17 +39,18 @@ pub async fn run(config: &Config, args: UpArgs) -> anyhow::Result<()> {
     );
 
     println!("\nroles:");
-    let shutdown = CancellationToken::new();
+    let shutdown = if args.once {
+        CancellationToken::new()
+    } else {
+        crate::roles::shutdown_root()?
+    };
     let mut running = tokio::task::JoinSet::new();
     for role in Role::ALL {
         let config = config.clone();
         let token = shutdown.child_token();
         running.spawn(async move {
-            let result = tokio::select! {
-                r = crate::run_role(role, &config) => r,
-                () = token.cancelled() => Ok(()),
-            };
-            (role, result)
+            // The role stops itself on the token: it finishes its batch and releases its leases.
+            (role, crate::roles::run_role(role, &config, token).await)
         });
     }
     // Roles that end on their own (not implemented yet, or failed) are reported as they end.
@@ -69,10 +70,10 @@ pub async fn run(config: &Config, args: UpArgs) -> anyhow::Result<()> {
             _ = ticker.tick(), if args.once => {
                 shutdown.cancel();
             }
-            signal = tokio::signal::ctrl_c(), if !args.once => {
-                signal?;
+            () = shutdown.cancelled(), if !args.once => {
                 println!("shutting down");
-                shutdown.cancel();
+                // Wait for the roles to finish (the next join_next), not for the signal again.
+                args.once = true;
             }
             else => break,
         }

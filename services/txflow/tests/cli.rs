@@ -201,3 +201,46 @@ async fn the_demo_runs_end_to_end_and_reports_every_signer() {
             .expect("count");
     assert_eq!(mined, 301);
 }
+
+/// SIGTERM (what a supervisor sends) stops a role cleanly: it finishes its batch and releases its
+/// leases, so that another instance takes the signers over at once rather than after the lease.
+#[tokio::test]
+async fn sigterm_stops_a_role_that_releases_its_leases() {
+    use std::time::Duration;
+    use txflow_tests::pipeline::Pipeline;
+    let p = Pipeline::prepare(1, |_| {}).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_txflow"))
+        .arg("allocator")
+        .envs(p.env())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn txflow allocator");
+    p.send(&p.request(0, "term-1")).await;
+    let held = "SELECT count(*) FROM signer_lease WHERE role = 'allocator' AND expires_at > clock_timestamp()";
+    txflow_tests::wait_until(
+        "the allocator allocates under a lease",
+        Duration::from_secs(120),
+        || async {
+            p.count("SELECT count(*) FROM managed_tx WHERE nonce IS NOT NULL")
+                .await
+                == 1
+                && p.count(held).await == 1
+        },
+    )
+    .await;
+    let pid = child.id().expect("running");
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(sent.success());
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the allocator stops within a minute of SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "exit status {status:?}");
+    assert_eq!(p.count(held).await, 0, "leases released on SIGTERM");
+    p.stop().await;
+}

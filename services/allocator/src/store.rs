@@ -1,0 +1,168 @@
+//! The allocator's SQL: one named function per transition, on the fenced primitives of
+//! `txflow_core::txstore` (which write the audit rows), and the reads its drives need.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use txflow_core::domain::{ChainId, Signer};
+use txflow_core::fenced::{FenceError, Fenced};
+use txflow_core::lease::LeaseKey;
+use txflow_core::state::{
+    self, ALLOCATE, APPROVE, AWAIT_APPROVAL, FAIL_ALLOCATED, FAIL_UNALLOCATED, SIMULATE, TxState,
+};
+use txflow_core::txstore::{self, Landed, MoveRow, NewTx, ReadError, TxRow};
+use uuid::Uuid;
+
+/// Records new requests (RECEIVED); returns the ids of those that were not duplicates.
+pub async fn accept(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, FenceError> {
+    txstore::create(w, rows).await
+}
+
+/// The stored TxAccepted of each of these requests of the writer's signer (re-emitted for a
+/// duplicate, same `event_id`): `(request_id, payload)`.
+pub async fn accepted_events(
+    w: &mut Fenced<'_>,
+    request_ids: &[String],
+) -> Result<Vec<(String, serde_json::Value)>, FenceError> {
+    let key = w.lease().key().clone();
+    w.read(
+        "accepted events",
+        sqlx::query_as(
+            "SELECT m.request_id, e.payload FROM managed_tx m
+             JOIN tx_events e ON e.tx_id = m.tx_id AND e.type = $4
+             WHERE m.chain_id = $1 AND m.signer = $2 AND m.request_id = ANY($3)",
+        )
+        .bind(key.chain_id.0)
+        .bind(key.signer.as_str().to_string())
+        .bind(request_ids.to_vec())
+        .bind("TxAccepted"),
+    )
+    .await
+}
+
+/// RECEIVED → SIMULATED.
+pub async fn simulated(w: &mut Fenced<'_>, rows: &[MoveRow]) -> Result<Vec<Landed>, FenceError> {
+    txstore::apply(w, SIMULATE, rows).await
+}
+
+/// RECEIVED → PENDING_APPROVAL.
+pub async fn await_approval(
+    w: &mut Fenced<'_>,
+    rows: &[MoveRow],
+) -> Result<Vec<Landed>, FenceError> {
+    txstore::apply(w, AWAIT_APPROVAL, rows).await
+}
+
+/// RECEIVED / SIMULATED / PENDING_APPROVAL → FAILED (no nonce held).
+pub async fn fail_unallocated(
+    w: &mut Fenced<'_>,
+    rows: &[MoveRow],
+) -> Result<Vec<Landed>, FenceError> {
+    txstore::apply(w, FAIL_UNALLOCATED, rows).await
+}
+
+/// PENDING_APPROVAL → SIMULATED, the approver recorded.
+pub async fn approve(w: &mut Fenced<'_>, rows: &[MoveRow]) -> Result<Vec<Landed>, FenceError> {
+    txstore::apply(w, APPROVE, rows).await
+}
+
+/// SIMULATED / REPLACED → ALLOCATED: every row must move (they were read under the lease).
+pub async fn allocate(w: &mut Fenced<'_>, rows: &[MoveRow]) -> Result<Vec<Landed>, FenceError> {
+    txstore::apply_all(w, ALLOCATE, rows).await
+}
+
+/// ALLOCATED → FAILED (cancelled before signing), nonce released.
+pub async fn cancel_allocated(
+    w: &mut Fenced<'_>,
+    rows: &[MoveRow],
+) -> Result<Vec<Landed>, FenceError> {
+    txstore::apply(w, FAIL_ALLOCATED, rows).await
+}
+
+/// No-ops created in ALLOCATED on released nonces: every one must land.
+pub async fn fill_noops(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, FenceError> {
+    let created = txstore::create(w, rows).await?;
+    if created.len() != rows.len() {
+        return Err(w.fenced("fill released nonce"));
+    }
+    Ok(created)
+}
+
+/// The transaction a command names, if it is the signer's, locked.
+pub async fn command_target(w: &mut Fenced<'_>, tx_id: Uuid) -> Result<Option<TxRow>, ReadError> {
+    Ok(txstore::lock_rows(w, &[tx_id]).await?.pop())
+}
+
+/// The states whose transactions the allocator drives.
+pub const DRIVEN: [TxState; 3] = [TxState::Received, TxState::Simulated, TxState::Replaced];
+
+/// Signers with work for the allocator: transactions to simulate or allocate, and released
+/// nonces nobody has taken yet (filled by no-ops).
+pub async fn pending_signers(
+    pool: &PgPool,
+    chain_id: ChainId,
+) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+    let mut signers = txstore::signers_in_states(pool, chain_id, &DRIVEN).await?;
+    let released: Vec<(i64, String)> =
+        sqlx::query_as("SELECT DISTINCT chain_id, signer FROM recycled_nonces WHERE chain_id = $1")
+            .bind(chain_id.0)
+            .fetch_all(pool)
+            .await?;
+    for (chain_id, signer) in released {
+        if let Ok(s) = Signer::parse(&signer) {
+            let key = (ChainId(chain_id), s);
+            if !signers.contains(&key) {
+                signers.push(key);
+            }
+        }
+    }
+    Ok(signers)
+}
+
+/// The signer's transactions in `states`, oldest first.
+pub async fn rows(
+    pool: &PgPool,
+    key: &LeaseKey,
+    states: &[TxState],
+) -> Result<Vec<TxRow>, ReadError> {
+    txstore::rows_in_states(pool, key.chain_id, &key.signer, states, false, i64::MAX).await
+}
+
+/// Whether the signer has a REPLACED transaction (its cursor is behind the chain).
+pub async fn has_replaced(pool: &PgPool, key: &LeaseKey) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND state = $3)",
+    )
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(state::TxState::Replaced.as_str())
+    .fetch_one(pool)
+    .await
+}
+
+/// Whether the signer's nonce cursor was aligned with the chain within `timeout`.
+pub async fn cursor_fresh(
+    pool: &PgPool,
+    key: &LeaseKey,
+    timeout: Duration,
+) -> Result<bool, sqlx::Error> {
+    let row: Option<(i64,)> = sqlx::query_as(
+        "SELECT next_nonce FROM signer_nonce_cursor WHERE chain_id = $1 AND signer = $2
+           AND synced_at > clock_timestamp() - $3 * interval '1 millisecond'",
+    )
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX))
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.is_some())
+}
+
+/// How many released nonces of the signer wait for a no-op.
+pub async fn released_nonces(pool: &PgPool, key: &LeaseKey) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM recycled_nonces WHERE chain_id = $1 AND signer = $2")
+        .bind(key.chain_id.0)
+        .bind(key.signer.as_str())
+        .fetch_one(pool)
+        .await
+}

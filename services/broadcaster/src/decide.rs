@@ -1,0 +1,386 @@
+//! The broadcaster's decisions. Pure: no I/O, no async, no SQL — the handler gathers what the
+//! node and PostgreSQL say and these functions say what it means.
+//!
+//! - [`classify_send`]: the node's answer to the send of a SIGNED transaction;
+//! - [`nonce_too_low`]: whose nonce it is when the node answers "nonce too low";
+//! - [`split_due`] and [`classify_resend`]: the resubmission of submitted, unmined transactions.
+
+use txflow_core::chain::SendOutcome;
+use txflow_core::events::SubmitOutcome;
+
+/// What became of one SIGNED transaction's send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sent {
+    /// A node accepted it, or may have (already known, or "nonce too low" for one of its own
+    /// hashes): SIGNED → SUBMITTED.
+    Submitted(SubmitOutcome),
+    /// Its nonce was used by a transaction txflow did not send: SIGNED → REPLACED, and the
+    /// allocator re-allocates a fresh nonce.
+    Replaced { chain_nonce: u64, reason: String },
+    /// The node refuses it for good: SIGNED → FAILED, its nonce released.
+    Refused(String),
+    /// The signer cannot pay: hold the signer (nothing fails) and stop.
+    Hold(String),
+    /// The node refuses it for now: stop, the recovery scan sends it again.
+    Wait(String),
+    /// "nonce too low" and whose nonce it is cannot be told yet: stop, try again later.
+    Undecided,
+}
+
+/// A [`Sent`] that is recorded (a state change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    Submitted(SubmitOutcome),
+    Replaced { chain_nonce: u64, reason: String },
+    Refused(String),
+}
+
+/// A [`Sent`] that stops the signer's sends: later nonces would only queue behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    Hold(String),
+    Wait(String),
+    Undecided,
+}
+
+impl Sent {
+    /// What to record, or why to stop sending.
+    pub fn split(self) -> Result<Record, Stop> {
+        match self {
+            Sent::Submitted(outcome) => Ok(Record::Submitted(outcome)),
+            Sent::Replaced {
+                chain_nonce,
+                reason,
+            } => Ok(Record::Replaced {
+                chain_nonce,
+                reason,
+            }),
+            Sent::Refused(reason) => Ok(Record::Refused(reason)),
+            Sent::Hold(reason) => Err(Stop::Hold(reason)),
+            Sent::Wait(reason) => Err(Stop::Wait(reason)),
+            Sent::Undecided => Err(Stop::Undecided),
+        }
+    }
+}
+
+/// The node's answer to a send, classified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Decided(Sent),
+    /// "nonce too low": the chain's view decides ([`nonce_too_low`]).
+    NonceTooLow {
+        reason: String,
+    },
+}
+
+/// Classifies the node's answer to the send of a SIGNED transaction.
+pub fn classify_send(outcome: SendOutcome) -> Answer {
+    let sent = match outcome {
+        SendOutcome::Accepted => Sent::Submitted(SubmitOutcome::Accepted),
+        SendOutcome::PossiblySent { .. } => Sent::Submitted(SubmitOutcome::PossiblySent),
+        SendOutcome::NonceTooLow { reason } => return Answer::NonceTooLow { reason },
+        SendOutcome::InsufficientFunds { reason } => Sent::Hold(reason),
+        SendOutcome::Rejected {
+            retryable: true,
+            reason,
+        } => Sent::Wait(reason),
+        SendOutcome::Rejected {
+            retryable: false,
+            reason,
+        } => Sent::Refused(reason),
+    };
+    Answer::Decided(sent)
+}
+
+/// Whose nonce it is, after "nonce too low".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonceTooLow {
+    /// The chain knows one of the transaction's hashes: ours, possibly sent.
+    PossiblySent,
+    /// The chain does not know our hashes and its nonce is past ours: used outside txflow.
+    Replaced { chain_nonce: u64 },
+    /// Neither can be told yet (no hash recorded, the chain's nonce not past ours, or the
+    /// chain's nonce not known).
+    Undecided,
+}
+
+/// "nonce too low" for our `nonce`: `known_hash` is whether the chain knows any of the
+/// transaction's recorded hashes, `chain_nonce` the signer's latest (mined) nonce when it was
+/// asked, `have_hashes` whether any hash is recorded at all.
+pub fn nonce_too_low(
+    known_hash: bool,
+    chain_nonce: Option<u64>,
+    nonce: i64,
+    have_hashes: bool,
+) -> NonceTooLow {
+    if known_hash {
+        return NonceTooLow::PossiblySent;
+    }
+    match chain_nonce {
+        Some(latest) if have_hashes && latest > nonce as u64 => NonceTooLow::Replaced {
+            chain_nonce: latest,
+        },
+        Some(_) | None => NonceTooLow::Undecided,
+    }
+}
+
+impl NonceTooLow {
+    /// The send's outcome; `reason` is the node's answer.
+    pub fn into_sent(self, nonce: i64, reason: &str) -> Sent {
+        match self {
+            NonceTooLow::PossiblySent => Sent::Submitted(SubmitOutcome::PossiblySent),
+            NonceTooLow::Replaced { chain_nonce } => Sent::Replaced {
+                chain_nonce,
+                reason: format!(
+                    "nonce {nonce} was used by a transaction txflow did not send (chain nonce {chain_nonce}; {reason})"
+                ),
+            },
+            NonceTooLow::Undecided => Sent::Undecided,
+        }
+    }
+}
+
+/// Due resubmissions, split by the chain's latest nonce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due<T> {
+    /// Their nonce is below the chain's: mined (by them or another transaction), no longer
+    /// tracked for resubmission.
+    pub passed: Vec<T>,
+    /// To send again, in the given (nonce) order.
+    pub resend: Vec<T>,
+}
+
+/// Splits due resubmissions by `chain_nonce`, the signer's latest (mined) nonce: the ones below
+/// it have been passed, the others are sent again.
+pub fn split_due<T>(due: Vec<T>, chain_nonce: u64, nonce: impl Fn(&T) -> i64) -> Due<T> {
+    let (passed, resend) = due
+        .into_iter()
+        .partition(|d| (nonce(d) as u64) < chain_nonce);
+    Due { passed, resend }
+}
+
+/// What became of a resubmission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resent {
+    /// Sent again (accepted, already known, or its nonce already used): recorded.
+    Sent,
+    /// The node refused it: recorded all the same, sent again at the next interval.
+    Refused(String),
+    /// The signer cannot pay: hold the signer and stop.
+    Hold(String),
+}
+
+/// Classifies the node's answer to a resubmission.
+pub fn classify_resend(outcome: SendOutcome) -> Resent {
+    match outcome {
+        SendOutcome::Accepted
+        | SendOutcome::PossiblySent { .. }
+        | SendOutcome::NonceTooLow { .. } => Resent::Sent,
+        SendOutcome::InsufficientFunds { reason } => Resent::Hold(reason),
+        SendOutcome::Rejected { reason, .. } => Resent::Refused(reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(s: &str) -> String {
+        s.to_string()
+    }
+
+    #[test]
+    fn each_send_answer_has_its_outcome() {
+        let cases: Vec<(SendOutcome, Answer)> = vec![
+            (
+                SendOutcome::Accepted,
+                Answer::Decided(Sent::Submitted(SubmitOutcome::Accepted)),
+            ),
+            (
+                SendOutcome::PossiblySent {
+                    reason: r("already known"),
+                },
+                Answer::Decided(Sent::Submitted(SubmitOutcome::PossiblySent)),
+            ),
+            (
+                SendOutcome::NonceTooLow {
+                    reason: r("nonce too low"),
+                },
+                Answer::NonceTooLow {
+                    reason: r("nonce too low"),
+                },
+            ),
+            (
+                SendOutcome::InsufficientFunds {
+                    reason: r("insufficient funds"),
+                },
+                Answer::Decided(Sent::Hold(r("insufficient funds"))),
+            ),
+            (
+                SendOutcome::Rejected {
+                    retryable: true,
+                    reason: r("underpriced"),
+                },
+                Answer::Decided(Sent::Wait(r("underpriced"))),
+            ),
+            (
+                SendOutcome::Rejected {
+                    retryable: false,
+                    reason: r("invalid sender"),
+                },
+                Answer::Decided(Sent::Refused(r("invalid sender"))),
+            ),
+        ];
+        for (outcome, want) in cases {
+            assert_eq!(classify_send(outcome.clone()), want, "{outcome:?}");
+        }
+    }
+
+    #[test]
+    fn holds_waits_and_undecided_sends_stop_the_others_are_recorded() {
+        let cases: Vec<(Sent, Result<Record, Stop>)> = vec![
+            (
+                Sent::Submitted(SubmitOutcome::Accepted),
+                Ok(Record::Submitted(SubmitOutcome::Accepted)),
+            ),
+            (
+                Sent::Replaced {
+                    chain_nonce: 5,
+                    reason: r("x"),
+                },
+                Ok(Record::Replaced {
+                    chain_nonce: 5,
+                    reason: r("x"),
+                }),
+            ),
+            (Sent::Refused(r("no")), Ok(Record::Refused(r("no")))),
+            (Sent::Hold(r("poor")), Err(Stop::Hold(r("poor")))),
+            (Sent::Wait(r("later")), Err(Stop::Wait(r("later")))),
+            (Sent::Undecided, Err(Stop::Undecided)),
+        ];
+        for (sent, want) in cases {
+            assert_eq!(sent.clone().split(), want, "{sent:?}");
+        }
+    }
+
+    #[test]
+    fn nonce_too_low_is_decided_by_known_hashes_then_the_chain_nonce() {
+        use NonceTooLow::*;
+        // (known hash, chain nonce, our nonce, have hashes) → decision
+        type Case = ((bool, Option<u64>, i64, bool), NonceTooLow);
+        let cases: Vec<Case> = vec![
+            // The chain knows one of our hashes: ours, whatever its nonce says.
+            ((true, None, 3, true), PossiblySent),
+            ((true, Some(9), 3, true), PossiblySent),
+            ((true, Some(0), 3, true), PossiblySent),
+            // Unknown hashes and the chain is past our nonce: used outside txflow.
+            ((false, Some(4), 3, true), Replaced { chain_nonce: 4 }),
+            ((false, Some(100), 0, true), Replaced { chain_nonce: 100 }),
+            // The chain is not past our nonce (yet): cannot tell.
+            ((false, Some(3), 3, true), Undecided),
+            ((false, Some(2), 3, true), Undecided),
+            // No hash recorded: cannot tell whose it is.
+            ((false, Some(9), 3, false), Undecided),
+            // The chain's nonce is not known.
+            ((false, None, 3, true), Undecided),
+        ];
+        for ((known, chain, nonce, have), want) in cases {
+            assert_eq!(
+                nonce_too_low(known, chain, nonce, have),
+                want,
+                "known {known}, chain {chain:?}, nonce {nonce}, hashes {have}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_nonce_too_low_decision_becomes_a_send_outcome() {
+        let cases: Vec<(NonceTooLow, Sent)> = vec![
+            (
+                NonceTooLow::PossiblySent,
+                Sent::Submitted(SubmitOutcome::PossiblySent),
+            ),
+            (
+                NonceTooLow::Replaced { chain_nonce: 8 },
+                Sent::Replaced {
+                    chain_nonce: 8,
+                    reason: r(
+                        "nonce 3 was used by a transaction txflow did not send (chain nonce 8; -32003: nonce too low)",
+                    ),
+                },
+            ),
+            (NonceTooLow::Undecided, Sent::Undecided),
+        ];
+        for (decision, want) in cases {
+            assert_eq!(
+                decision.into_sent(3, "-32003: nonce too low"),
+                want,
+                "{decision:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn due_resubmissions_below_the_chain_nonce_are_passed_the_others_resent() {
+        // (nonces in order, chain nonce) → (passed, resent)
+        type Case = (Vec<i64>, u64, Vec<i64>, Vec<i64>);
+        let cases: Vec<Case> = vec![
+            (vec![], 5, vec![], vec![]),
+            (vec![1, 2, 3], 0, vec![], vec![1, 2, 3]),
+            (vec![1, 2, 3], 2, vec![1], vec![2, 3]),
+            (vec![1, 2, 3], 3, vec![1, 2], vec![3]),
+            (vec![1, 2, 3], 4, vec![1, 2, 3], vec![]),
+            (vec![7], 7, vec![], vec![7]),
+        ];
+        for (due, chain, passed, resend) in cases {
+            let got = split_due(due.clone(), chain, |n| *n);
+            assert_eq!(
+                got,
+                Due { passed, resend },
+                "{due:?} at chain nonce {chain}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_resubmission_answer_has_its_outcome() {
+        let cases: Vec<(SendOutcome, Resent)> = vec![
+            (SendOutcome::Accepted, Resent::Sent),
+            (
+                SendOutcome::PossiblySent {
+                    reason: r("already known"),
+                },
+                Resent::Sent,
+            ),
+            (
+                SendOutcome::NonceTooLow {
+                    reason: r("nonce too low"),
+                },
+                Resent::Sent,
+            ),
+            (
+                SendOutcome::InsufficientFunds {
+                    reason: r("insufficient funds"),
+                },
+                Resent::Hold(r("insufficient funds")),
+            ),
+            (
+                SendOutcome::Rejected {
+                    retryable: true,
+                    reason: r("underpriced"),
+                },
+                Resent::Refused(r("underpriced")),
+            ),
+            (
+                SendOutcome::Rejected {
+                    retryable: false,
+                    reason: r("invalid"),
+                },
+                Resent::Refused(r("invalid")),
+            ),
+        ];
+        for (outcome, want) in cases {
+            assert_eq!(classify_resend(outcome.clone()), want, "{outcome:?}");
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! The broadcaster's stage: SIGNED → SUBMITTED | REPLACED | FAILED, and the resubmission of
+//! SUBMITTED transactions the chain has not mined. Route → load ([`store`]) → call the chain →
+//! decide ([`decide`]) → persist ([`store`], fenced) → outputs.
+//!
+//! Nothing is written when a TxSigned message arrives (the attempt was persisted before it was
+//! produced): the sends happen in [`Handler::drive`], outside any transaction, right after a
+//! batch commits and in the recovery scan.
+
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use alloy::primitives::{Address, B256};
+use sqlx::PgPool;
+use txflow_core::chain::{ChainClient, ChainError};
+use txflow_core::codec::Subjects;
+use txflow_core::domain::{ChainId, Signer};
+use txflow_core::events::{TxFailed, TxReplaced, TxSigned, TxSubmitted};
+use txflow_core::failure::{FailureCode, truncate_reason};
+use txflow_core::fenced::Fenced;
+use txflow_core::kafka::signer_key;
+use txflow_core::lease::LeaseKey;
+use txflow_core::retry::{Classify, Retry};
+use txflow_core::role::Role;
+use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
+use txflow_core::state::{FAIL_SIGNED, Move, REPLACE, RESUBMIT, SUBMIT};
+use uuid::Uuid;
+
+use crate::config::BroadcasterConfig;
+use crate::decide::{self, Answer, NonceTooLow, Record, Resent, Stop};
+use crate::store::{self, DueRow, FailSigned, Row, SignedRow, Submit};
+
+/// The broadcaster's handler.
+#[derive(Debug)]
+pub struct BroadcastStage {
+    pub config: BroadcasterConfig,
+    pub chain: Arc<dyn ChainClient>,
+}
+
+/// Deterministic failures of the broadcaster: retrying would fail the same way.
+#[derive(Debug, thiserror::Error)]
+pub enum BroadcastError {
+    #[error("the signer {signer} is not an address")]
+    SignerAddress {
+        signer: String,
+        #[source]
+        source: <Address as FromStr>::Err,
+    },
+    #[error("encoding the {event} audit payload")]
+    Audit {
+        event: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl Classify for BroadcastError {
+    fn retry(&self) -> Retry {
+        match self {
+            BroadcastError::SignerAddress { .. } | BroadcastError::Audit { .. } => Retry::Permanent,
+        }
+    }
+}
+
+fn signer_address(key: &LeaseKey) -> Result<Address, BroadcastError> {
+    key.signer
+        .as_str()
+        .parse()
+        .map_err(|source| BroadcastError::SignerAddress {
+            signer: key.signer.as_str().to_string(),
+            source,
+        })
+}
+
+/// The audit row of `m` for an event: its id and its JSON.
+fn audit_row<E: serde::Serialize>(
+    tx_id: Uuid,
+    event_id: Uuid,
+    m: Move,
+    event: &E,
+) -> Result<Row, HandlerError> {
+    let event = serde_json::to_value(event).map_err(|source| {
+        HandlerError::classified(
+            "audit",
+            BroadcastError::Audit {
+                event: m.event,
+                source,
+            },
+        )
+    })?;
+    Ok(Row {
+        tx_id,
+        event_id,
+        event,
+    })
+}
+
+fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> HandlerError {
+    move |e| HandlerError::transient(context, e)
+}
+
+impl BroadcastStage {
+    pub fn new(config: BroadcasterConfig, chain: Arc<dyn ChainClient>) -> BroadcastStage {
+        BroadcastStage { config, chain }
+    }
+}
+
+impl Handler for BroadcastStage {
+    type Input = TxSigned;
+
+    fn role(&self) -> Role {
+        Role::Broadcaster
+    }
+
+    fn input_topic(&self) -> String {
+        self.config.topics.tx_signed()
+    }
+
+    fn route(&self, s: &TxSigned) -> Result<(ChainId, Signer), Rejection> {
+        let signer = Signer::parse(&s.signer)
+            .map_err(|e| Rejection::new("INVALID_SIGNER", e.to_string()))?;
+        Ok((ChainId(s.chain_id), signer))
+    }
+
+    /// Nothing to write: the attempt was persisted before TxSigned was produced. The send happens
+    /// in `drive`, right after the batch commits.
+    async fn handle(
+        &self,
+        _w: &mut Fenced<'_>,
+        _s: &TxSigned,
+    ) -> Result<Vec<Output>, HandlerError> {
+        Ok(Vec::new())
+    }
+
+    async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+        store::pending_signers(pool, self.config.chain_id).await
+    }
+
+    async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+        let outputs = self.send_signed(&ctx).await?;
+        // Resubmissions are due every few seconds at most: the recovery scan's drives (which
+        // include every signer with one due) are enough, not every batch's.
+        if ctx.recovery {
+            self.resubmit(&ctx).await?;
+        }
+        Ok(outputs)
+    }
+}
+
+/// An output of a recorded send, emitted if its row moved.
+enum Emit {
+    Submitted(TxSubmitted),
+    Failed(TxFailed),
+}
+
+impl BroadcastStage {
+    /// Sends the signer's SIGNED transactions in nonce order, outside any transaction, and records
+    /// what the node said; stops at the first one that must wait (later nonces would only queue
+    /// behind it).
+    async fn send_signed(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+        let key = ctx.lease.key();
+        let signed = store::signed_rows(ctx.pool, key)
+            .await
+            .map_err(db("list signed"))?;
+        if signed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut recorded = Vec::new();
+        let mut held = false;
+        for row in signed {
+            let nonce = row.nonce;
+            let answer = match self.chain.send_raw(&row.raw_tx).await {
+                Ok(outcome) => decide::classify_send(outcome),
+                Err(e) => {
+                    tracing::warn!(signer = %key.signer, nonce, error = %e, transient = e.is_transient(), "sending failed");
+                    break;
+                }
+            };
+            let sent = match answer {
+                Answer::Decided(sent) => sent,
+                Answer::NonceTooLow { reason } => match self.whose_nonce(ctx, &row).await {
+                    Ok(decision) => decision.into_sent(nonce, &reason),
+                    Err(e) => {
+                        tracing::warn!(signer = %key.signer, nonce, error = %e, "cannot tell whose nonce this is yet");
+                        break;
+                    }
+                },
+            };
+            match sent.split() {
+                Ok(record) => recorded.push((row, record)),
+                Err(Stop::Hold(reason)) => {
+                    txflow_core::holds::hold(ctx.pool, key, &reason)
+                        .await
+                        .map_err(db("hold"))?;
+                    held = true;
+                    break;
+                }
+                Err(Stop::Wait(reason)) => {
+                    tracing::warn!(signer = %key.signer, nonce, %reason, "the node refused a transaction for now");
+                    break;
+                }
+                Err(Stop::Undecided) => break,
+            }
+        }
+        if !held {
+            txflow_core::holds::resume(ctx.pool, key)
+                .await
+                .map_err(db("resume"))?;
+        }
+        if recorded.is_empty() {
+            return Ok(Vec::new());
+        }
+        txflow_core::fault::point(txflow_core::fault::AFTER_CALL);
+        self.record_sends(ctx, recorded).await
+    }
+
+    /// "nonce too low": asks the chain whether it knows one of the transaction's hashes and, if
+    /// not, its latest nonce for the signer; [`decide::nonce_too_low`] decides.
+    async fn whose_nonce(
+        &self,
+        ctx: &DriveCtx<'_>,
+        row: &SignedRow,
+    ) -> Result<NonceTooLow, ChainError> {
+        // A failed read is as good as no hash: undecided, tried again later.
+        let hashes = store::attempt_hashes(ctx.pool, row.tx_id)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(tx_id = %row.tx_id, error = %e, "could not read the transaction's hashes");
+                Vec::new()
+            });
+        let mut known = false;
+        for h in &hashes {
+            if let Ok(hash) = h.parse::<B256>()
+                && self.chain.knows_transaction(hash).await?
+            {
+                known = true;
+                break;
+            }
+        }
+        let chain_nonce = match signer_address(ctx.lease.key()) {
+            Ok(address) if !known => Some(self.chain.latest_nonce(address).await?),
+            Ok(_) | Err(_) => None,
+        };
+        Ok(decide::nonce_too_low(
+            known,
+            chain_nonce,
+            row.nonce,
+            !hashes.is_empty(),
+        ))
+    }
+
+    /// Records the sends in one fenced transaction: SUBMIT, REPLACE and FAIL_SIGNED, each for all
+    /// its rows at once. The outputs of the rows that moved, in nonce order.
+    async fn record_sends(
+        &self,
+        ctx: &DriveCtx<'_>,
+        recorded: Vec<(SignedRow, Record)>,
+    ) -> Result<Vec<Output>, HandlerError> {
+        let key = ctx.lease.key();
+        let token = ctx.lease.token().0;
+        let mut tx = ctx.lease.begin(ctx.pool).await?;
+        let mut w = tx.writer();
+        let refused: Vec<Uuid> = recorded
+            .iter()
+            .filter(|(_, r)| matches!(r, Record::Refused(_)))
+            .map(|(row, _)| row.tx_id)
+            .collect();
+        let request_ids = store::request_ids(&mut w, &refused).await?;
+
+        let mut submits = Vec::new();
+        let mut replaces = Vec::new();
+        let mut fails = Vec::new();
+        let mut emits = Vec::with_capacity(recorded.len());
+        for (row, record) in recorded {
+            let event_id = Uuid::new_v4();
+            let tx_id = row.tx_id;
+            let nonce = row.nonce;
+            match record {
+                Record::Submitted(outcome) => {
+                    let event = TxSubmitted {
+                        event_id: event_id.to_string(),
+                        tx_id: tx_id.to_string(),
+                        chain_id: key.chain_id.0,
+                        signer: key.signer.as_str().to_string(),
+                        nonce,
+                        attempt: row.attempt,
+                        tx_hash: row.tx_hash,
+                        outcome,
+                        submitted_at_ms: chrono::Utc::now().timestamp_millis(),
+                        fencing_token: token,
+                    };
+                    submits.push(Submit {
+                        row: audit_row(tx_id, event_id, SUBMIT, &event)?,
+                        attempt: row.attempt,
+                    });
+                    emits.push((tx_id, Emit::Submitted(event)));
+                }
+                Record::Replaced {
+                    chain_nonce,
+                    reason,
+                } => {
+                    tracing::warn!(signer = %key.signer, nonce, tx_id = %tx_id, %reason, "replaced: re-allocating a fresh nonce");
+                    let event = TxReplaced {
+                        event_id: event_id.to_string(),
+                        tx_id: tx_id.to_string(),
+                        chain_id: key.chain_id.0,
+                        signer: key.signer.as_str().to_string(),
+                        nonce,
+                        chain_nonce: i64::try_from(chain_nonce).unwrap_or(i64::MAX),
+                        reason,
+                        fencing_token: token,
+                    };
+                    replaces.push(audit_row(tx_id, event_id, REPLACE, &event)?);
+                }
+                Record::Refused(reason) => {
+                    tracing::error!(signer = %key.signer, nonce, tx_id = %tx_id, %reason, "the node refuses the transaction for good: failed, nonce released");
+                    let event = TxFailed {
+                        event_id: event_id.to_string(),
+                        tx_id: tx_id.to_string(),
+                        request_id: request_ids.get(&tx_id).cloned().unwrap_or_default(),
+                        chain_id: key.chain_id.0,
+                        signer: key.signer.as_str().to_string(),
+                        code: FailureCode::SendRejected.as_str().to_string(),
+                        reason: truncate_reason(&reason),
+                        nonce: Some(nonce),
+                        nonce_released: true,
+                        fencing_token: token,
+                    };
+                    fails.push(FailSigned {
+                        row: audit_row(tx_id, event_id, FAIL_SIGNED, &event)?,
+                        reason: event.reason.clone(),
+                    });
+                    emits.push((tx_id, Emit::Failed(event)));
+                }
+            }
+        }
+
+        let mut moved: HashSet<Uuid> = HashSet::new();
+        moved.extend(store::submit(&mut w, &submits, self.config.resubmit_interval).await?);
+        store::replace(&mut w, &replaces).await?;
+        moved.extend(store::fail_signed(&mut w, &fails).await?);
+        tx.commit().await?;
+
+        let skey = signer_key(key.chain_id.0, key.signer.as_str());
+        let topics = &self.config.topics;
+        Ok(emits
+            .into_iter()
+            .filter(|(tx_id, _)| moved.contains(tx_id))
+            .map(|(_, emit)| match emit {
+                Emit::Submitted(e) => {
+                    Output::new(topics.tx_submitted(), Subjects::TopicName, skey.clone(), e)
+                }
+                Emit::Failed(e) => Output::new(
+                    topics.tx_outcomes(),
+                    Subjects::TopicRecordName,
+                    skey.clone(),
+                    e,
+                ),
+            })
+            .collect())
+    }
+
+    /// Sends again, every `resubmit_interval`, the latest attempt of each submitted transaction
+    /// the chain has not mined yet (a node may drop what it accepted); stops tracking the ones
+    /// whose nonce the chain has passed.
+    async fn resubmit(&self, ctx: &DriveCtx<'_>) -> Result<(), HandlerError> {
+        let key = ctx.lease.key();
+        let due = store::due_resubmissions(ctx.pool, key)
+            .await
+            .map_err(db("list due resubmissions"))?;
+        if due.is_empty() {
+            return Ok(());
+        }
+        let address =
+            signer_address(key).map_err(|e| HandlerError::classified("signer address", e))?;
+        let latest = self
+            .chain
+            .latest_nonce(address)
+            .await
+            .map_err(|e| HandlerError::classified("latest nonce", e))?;
+        let split = decide::split_due(due, latest, |d: &DueRow| d.nonce);
+        let passed: Vec<Uuid> = split.passed.iter().map(|d| d.tx_id).collect();
+        let mut resent = Vec::new();
+        for d in split.resend {
+            let nonce = d.nonce;
+            match self
+                .chain
+                .send_raw(&d.raw_tx)
+                .await
+                .map(decide::classify_resend)
+            {
+                Ok(Resent::Sent) => {
+                    tracing::info!(signer = %key.signer, nonce, attempt = d.attempt, "resubmitted");
+                    resent.push(d);
+                }
+                Ok(Resent::Refused(reason)) => {
+                    tracing::warn!(signer = %key.signer, nonce, %reason, "resubmission refused");
+                    resent.push(d);
+                }
+                Ok(Resent::Hold(reason)) => {
+                    txflow_core::holds::hold(ctx.pool, key, &reason)
+                        .await
+                        .map_err(db("hold"))?;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(signer = %key.signer, nonce, error = %e, "resubmission failed");
+                    break;
+                }
+            }
+        }
+        if passed.is_empty() && resent.is_empty() {
+            return Ok(());
+        }
+        let token = ctx.lease.token().0;
+        let rows = resent
+            .iter()
+            .map(|d| {
+                let event = serde_json::json!({
+                    "tx_id": d.tx_id.to_string(),
+                    "nonce": d.nonce,
+                    "attempt": d.attempt,
+                    "fencing_token": token,
+                });
+                audit_row(d.tx_id, Uuid::new_v4(), RESUBMIT, &event)
+            })
+            .collect::<Result<Vec<Row>, HandlerError>>()?;
+        let mut tx = ctx.lease.begin(ctx.pool).await?;
+        let mut w = tx.writer();
+        store::passed(&mut w, &passed).await?;
+        store::resubmitted(&mut w, &rows, self.config.resubmit_interval).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,280 @@
+//! The broadcaster's SQL: one named function per transition, each set-based, on the fenced
+//! writer; the reads of a drive, outside any transaction.
+//!
+//! State changes are the state machine's named moves through `txstore` (which writes the
+//! `tx_events` audit rows and, for FAILED, releases the nonce); this module adds only the
+//! attempts' bookkeeping (`tx_attempts.submitted_at`, `last_submit_at`, `next_resubmit_at`),
+//! fenced, in the same transaction. State names are bound from [`TxState`], never written here.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use txflow_core::domain::{ChainId, Signer};
+use txflow_core::failure::FailureCode;
+use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced};
+use txflow_core::lease::LeaseKey;
+use txflow_core::state::{FAIL_SIGNED, Move, REPLACE, RESUBMIT, SUBMIT, TxState};
+use txflow_core::txstore::{self, Audit, MoveRow};
+use uuid::Uuid;
+
+/// A SIGNED transaction with its latest attempt: what is sent.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct SignedRow {
+    pub tx_id: Uuid,
+    pub nonce: i64,
+    pub attempt: i32,
+    pub tx_hash: String,
+    pub raw_tx: Vec<u8>,
+}
+
+/// A SUBMITTED transaction whose latest attempt is due to be sent again.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct DueRow {
+    pub tx_id: Uuid,
+    pub nonce: i64,
+    pub attempt: i32,
+    pub raw_tx: Vec<u8>,
+}
+
+/// One row of a transition: the transaction and its audit event (`tx_events.type` is the move's
+/// event).
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub tx_id: Uuid,
+    pub event_id: Uuid,
+    /// The audit payload: the JSON of the event.
+    pub event: serde_json::Value,
+}
+
+impl Row {
+    fn moved_by(&self, m: Move) -> MoveRow {
+        MoveRow::new(
+            self.tx_id,
+            Audit {
+                event_id: self.event_id,
+                event_type: m.event,
+                payload: self.event.clone(),
+            },
+        )
+    }
+}
+
+/// A submission: the row and the attempt that was sent.
+#[derive(Debug, Clone)]
+pub struct Submit {
+    pub row: Row,
+    pub attempt: i32,
+}
+
+/// A refusal for good: the row and the node's reason.
+#[derive(Debug, Clone)]
+pub struct FailSigned {
+    pub row: Row,
+    pub reason: String,
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// SIGNED → SUBMITTED ([`SUBMIT`]), and the sent attempt's bookkeeping: submitted (first time
+/// only), last sent now, due again after `resubmit_after`. Returns the rows that moved; a row no
+/// longer SIGNED is left alone.
+pub async fn submit(
+    w: &mut Fenced<'_>,
+    rows: &[Submit],
+    resubmit_after: Duration,
+) -> Result<Vec<Uuid>, FenceError> {
+    let moves: Vec<MoveRow> = rows.iter().map(|s| s.row.moved_by(SUBMIT)).collect();
+    let landed: Vec<Uuid> = txstore::apply(w, SUBMIT, &moves)
+        .await?
+        .into_iter()
+        .map(|l| l.tx_id)
+        .collect();
+    if landed.is_empty() {
+        return Ok(landed);
+    }
+    let moved: HashSet<Uuid> = landed.iter().copied().collect();
+    let (ids, attempts): (Vec<Uuid>, Vec<i32>) = rows
+        .iter()
+        .filter(|s| moved.contains(&s.row.tx_id))
+        .map(|s| (s.row.tx_id, s.attempt))
+        .unzip();
+    let sql = format!(
+        "UPDATE tx_attempts a SET submitted_at = coalesce(a.submitted_at, now()), last_submit_at = now(),
+                next_resubmit_at = now() + $8 * interval '1 millisecond'
+         FROM unnest($6::uuid[], $7::int4[]) AS u(tx_id, attempt)
+         WHERE a.tx_id = u.tx_id AND a.attempt = u.attempt AND {FENCE_PREDICATE}
+         RETURNING a.tx_id"
+    );
+    w.fetch_all::<(Uuid,)>("submitted", &sql, |q| {
+        q.bind(ids).bind(attempts).bind(millis(resubmit_after))
+    })
+    .await?;
+    Ok(landed)
+}
+
+/// SIGNED → REPLACED ([`REPLACE`]): the nonce was used by a transaction txflow did not send.
+/// Returns the rows that moved.
+pub async fn replace(w: &mut Fenced<'_>, rows: &[Row]) -> Result<Vec<Uuid>, FenceError> {
+    let moves: Vec<MoveRow> = rows.iter().map(|r| r.moved_by(REPLACE)).collect();
+    Ok(txstore::apply(w, REPLACE, &moves)
+        .await?
+        .into_iter()
+        .map(|l| l.tx_id)
+        .collect())
+}
+
+/// SIGNED → FAILED ([`FAIL_SIGNED`]) with `SEND_REJECTED` and the node's reason; `txstore`
+/// releases the nonce. Returns the rows that moved.
+pub async fn fail_signed(w: &mut Fenced<'_>, rows: &[FailSigned]) -> Result<Vec<Uuid>, FenceError> {
+    let moves: Vec<MoveRow> = rows
+        .iter()
+        .map(|f| MoveRow {
+            failure: Some((FailureCode::SendRejected, f.reason.clone())),
+            ..f.row.moved_by(FAIL_SIGNED)
+        })
+        .collect();
+    Ok(txstore::apply(w, FAIL_SIGNED, &moves)
+        .await?
+        .into_iter()
+        .map(|l| l.tx_id)
+        .collect())
+}
+
+/// SUBMITTED → SUBMITTED ([`RESUBMIT`], audited), and the attempts' bookkeeping: last sent now,
+/// due again after `resubmit_after`. Returns the rows that moved.
+pub async fn resubmitted(
+    w: &mut Fenced<'_>,
+    rows: &[Row],
+    resubmit_after: Duration,
+) -> Result<Vec<Uuid>, FenceError> {
+    let moves: Vec<MoveRow> = rows.iter().map(|r| r.moved_by(RESUBMIT)).collect();
+    let landed: Vec<Uuid> = txstore::apply(w, RESUBMIT, &moves)
+        .await?
+        .into_iter()
+        .map(|l| l.tx_id)
+        .collect();
+    if landed.is_empty() {
+        return Ok(landed);
+    }
+    // The attempts were due (`next_resubmit_at` set) when read under this lease: none touched is
+    // `Fenced`.
+    let sql = format!(
+        "UPDATE tx_attempts SET last_submit_at = now(),
+                next_resubmit_at = now() + $7 * interval '1 millisecond'
+         WHERE tx_id = ANY($6) AND next_resubmit_at IS NOT NULL AND {FENCE_PREDICATE}"
+    );
+    w.execute("resubmit", &sql, |q| {
+        q.bind(landed.clone()).bind(millis(resubmit_after))
+    })
+    .await?;
+    Ok(landed)
+}
+
+/// Stops tracking the resubmission of these transactions: the chain's nonce is past theirs. No
+/// state changes (the receipt decides what became of them). None touched is `Fenced`.
+pub async fn passed(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<(), FenceError> {
+    if tx_ids.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "UPDATE tx_attempts SET next_resubmit_at = NULL
+         WHERE tx_id = ANY($6) AND next_resubmit_at IS NOT NULL AND {FENCE_PREDICATE}"
+    );
+    w.execute("resubmit", &sql, |q| q.bind(tx_ids.to_vec()))
+        .await
+        .map(|_| ())
+}
+
+/// The request ids of these transactions, in the writer's transaction.
+pub async fn request_ids(
+    w: &mut Fenced<'_>,
+    tx_ids: &[Uuid],
+) -> Result<HashMap<Uuid, String>, FenceError> {
+    if tx_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<(Uuid, String)> = w
+        .read(
+            "refused",
+            sqlx::query_as("SELECT tx_id, request_id FROM managed_tx WHERE tx_id = ANY($1)")
+                .bind(tx_ids.to_vec()),
+        )
+        .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// The signer's SIGNED transactions in nonce order, each with its latest attempt.
+pub async fn signed_rows(pool: &PgPool, key: &LeaseKey) -> Result<Vec<SignedRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT m.tx_id, m.nonce, a.attempt, a.tx_hash, a.raw_tx FROM managed_tx m
+         JOIN LATERAL (SELECT attempt, tx_hash, raw_tx FROM tx_attempts WHERE tx_id = m.tx_id
+                       ORDER BY attempt DESC LIMIT 1) a ON true
+         WHERE m.chain_id = $1 AND m.signer = $2 AND m.state = $3 ORDER BY m.nonce",
+    )
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(TxState::Signed.as_str())
+    .fetch_all(pool)
+    .await
+}
+
+/// The signer's SUBMITTED transactions whose latest attempt is due to be sent again, in nonce
+/// order, at most 500.
+pub async fn due_resubmissions(pool: &PgPool, key: &LeaseKey) -> Result<Vec<DueRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT m.tx_id, m.nonce, a.attempt, a.raw_tx FROM managed_tx m
+         JOIN LATERAL (SELECT attempt, raw_tx, next_resubmit_at FROM tx_attempts WHERE tx_id = m.tx_id
+                       ORDER BY attempt DESC LIMIT 1) a ON true
+         WHERE m.chain_id = $1 AND m.signer = $2 AND m.state = $3
+           AND a.next_resubmit_at <= now()
+         ORDER BY m.nonce LIMIT 500",
+    )
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(TxState::Submitted.as_str())
+    .fetch_all(pool)
+    .await
+}
+
+/// Every hash recorded for the transaction's attempts.
+pub async fn attempt_hashes(pool: &PgPool, tx_id: Uuid) -> Result<Vec<String>, sqlx::Error> {
+    let rows: Vec<(String,)> = sqlx::query_as("SELECT tx_hash FROM tx_attempts WHERE tx_id = $1")
+        .bind(tx_id)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.into_iter().map(|(h,)| h).collect())
+}
+
+/// The signers of `chain_id` with work for the broadcaster: SIGNED transactions to send, or
+/// SUBMITTED ones with a resubmission due.
+pub async fn pending_signers(
+    pool: &PgPool,
+    chain_id: ChainId,
+) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+    let mut signers = txstore::signers_in_states(pool, chain_id, &[TxState::Signed]).await?;
+    let due: Vec<(i64, String)> = sqlx::query_as(
+        // Due attempts first (the partial index on next_resubmit_at), then their rows by key:
+        // the join order does not depend on the planner's statistics.
+        "WITH due AS MATERIALIZED (
+             SELECT DISTINCT tx_id FROM tx_attempts
+             WHERE next_resubmit_at IS NOT NULL AND next_resubmit_at <= now())
+         SELECT DISTINCT m.chain_id, m.signer FROM due JOIN managed_tx m ON m.tx_id = due.tx_id
+         WHERE m.chain_id = $1 AND m.state = $2",
+    )
+    .bind(chain_id.0)
+    .bind(TxState::Submitted.as_str())
+    .fetch_all(pool)
+    .await?;
+    for (chain_id, signer) in due {
+        if let Ok(s) = Signer::parse(&signer) {
+            let key = (ChainId(chain_id), s);
+            if !signers.contains(&key) {
+                signers.push(key);
+            }
+        }
+    }
+    Ok(signers)
+}

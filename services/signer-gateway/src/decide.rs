@@ -1,0 +1,676 @@
+//! What the signer gateway does with one transaction. Pure: no I/O, no database, no clock; the
+//! handler loads the inputs and carries the decision out.
+//!
+//! The row (read under `FOR UPDATE`) is the truth; the TxAllocated event, when there is one, only
+//! says which transaction to sign and must agree with the row. In order:
+//! 1. no row: an event about it is dead-lettered (`UNKNOWN_TX`); a scan has nothing to do;
+//! 2. the state: ALLOCATED goes on; a state with a persisted attempt re-announces its TxSigned
+//!    (an attempt is never signed twice); any other state has nothing to sign;
+//! 3. a payload that does not parse, or a field that is not valid: FAILED (`SIGNING_FAILED`);
+//! 4. an event that disagrees with the row: dead-lettered (`ALLOCATION_MISMATCH`);
+//! 5. the policy again (a no-op filling a released nonce is exempt, an approval recorded in
+//!    `approved_by` satisfies the threshold): FAILED (`POLICY_DENIED`);
+//! 6. no key for the signer: FAILED (`NO_SIGNING_KEY`);
+//! 7. otherwise: sign.
+//!
+//! Every FAILED here releases the nonce (the move FAIL_ALLOCATED).
+
+use alloy::primitives::{Address, Bytes, U256};
+use alloy::signers::local::PrivateKeySigner;
+use txflow_core::chain::UnsignedTx;
+use txflow_core::domain::{ChainId, Signer, TxPayload};
+use txflow_core::events::{TxAllocated, TxSigned};
+use txflow_core::failure::FailureCode;
+use txflow_core::policy::{Policy, Verdict};
+use txflow_core::stage::Rejection;
+use txflow_core::state::TxState;
+use txflow_core::txstore::{Kind, TxRow};
+use uuid::Uuid;
+
+/// Everything a decision about one transaction depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    pub tx_id: Uuid,
+    /// The chain and signer of the lease (the row was read for them).
+    pub chain_id: ChainId,
+    pub signer: &'a Signer,
+    /// The row, if the signer has a transaction `tx_id` on the chain.
+    pub row: Option<&'a TxRow>,
+    /// The TxAllocated that asked for it; `None` on a recovery scan.
+    pub claimed: Option<&'a TxAllocated>,
+    pub policy: &'a Policy,
+    /// This gateway's key for the signer, if it has one.
+    pub key: Option<&'a PrivateKeySigner>,
+}
+
+/// What to do with one transaction.
+#[derive(Debug)]
+pub enum Decision<'k> {
+    /// ALLOCATED → SIGNED: sign `tx` with `key`, persist the attempt, announce TxSigned.
+    Sign {
+        row: &'k TxRow,
+        nonce: i64,
+        tx: UnsignedTx,
+        key: &'k PrivateKeySigner,
+    },
+    /// Signed before: announce the stored TxSigned again (same `event_id`).
+    Reannounce,
+    /// Nothing to sign, nothing to announce.
+    Nothing,
+    /// Dead-letter the message; nothing is written.
+    Reject(Rejection),
+    /// ALLOCATED → FAILED with `code`, the nonce released, TxFailed announced.
+    Fail {
+        row: &'k TxRow,
+        nonce: i64,
+        code: FailureCode,
+        reason: String,
+    },
+}
+
+/// The decision for one transaction.
+pub fn decide<'a>(i: &Input<'a>) -> Decision<'a> {
+    let Some(row) = i.row else {
+        return match i.claimed {
+            Some(_) => Decision::Reject(Rejection::new(
+                "UNKNOWN_TX",
+                format!(
+                    "no transaction {} of {} on chain {}",
+                    i.tx_id, i.signer, i.chain_id.0
+                ),
+            )),
+            None => Decision::Nothing,
+        };
+    };
+    match row.state {
+        TxState::Allocated => {}
+        // A persisted attempt is never signed again: re-announce it.
+        TxState::Signed
+        | TxState::Submitted
+        | TxState::Mined
+        | TxState::Confirmed
+        | TxState::Reverted => return Decision::Reannounce,
+        // Not allocated yet, failed, or waiting for a new nonce: nothing to sign.
+        TxState::Received
+        | TxState::Simulated
+        | TxState::PendingApproval
+        | TxState::Replaced
+        | TxState::Failed => return Decision::Nothing,
+    }
+    let Some(nonce) = row.nonce else {
+        return Decision::Nothing;
+    };
+    let fail = |code, reason: String| Decision::Fail {
+        row,
+        nonce,
+        code,
+        reason,
+    };
+    let payload: TxPayload = match serde_json::from_value(row.payload.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            return fail(
+                FailureCode::SigningFailed,
+                format!("the recorded payload is not valid: {e}"),
+            );
+        }
+    };
+    if let Some(a) = i.claimed
+        && let Some(field) = mismatch(a, Some(nonce), &payload)
+    {
+        return Decision::Reject(Rejection::new(
+            "ALLOCATION_MISMATCH",
+            format!(
+                "the event's {field} differs from the recorded transaction {}",
+                i.tx_id
+            ),
+        ));
+    }
+    let tx = match unsigned_tx(i.chain_id.0, nonce, &payload) {
+        Ok(tx) => tx,
+        Err(field) => {
+            return fail(
+                FailureCode::SigningFailed,
+                format!("the recorded {field} is not valid"),
+            );
+        }
+    };
+    if let Some(reason) = refusal(i.policy, row, i.signer, &tx) {
+        return fail(FailureCode::PolicyDenied, reason);
+    }
+    let Some(key) = i.key else {
+        return fail(
+            FailureCode::NoSigningKey,
+            format!("this signer gateway has no key for {}", i.signer),
+        );
+    };
+    Decision::Sign {
+        row,
+        nonce,
+        tx,
+        key,
+    }
+}
+
+/// Why the policy refuses `tx` now, if it does. A no-op (a 0-value self-transfer filling a
+/// released nonce) is txflow's own and needs no policy; an approval recorded on the row satisfies
+/// the approval threshold, never the whitelist or the value limit.
+pub fn refusal(policy: &Policy, row: &TxRow, signer: &Signer, tx: &UnsignedTx) -> Option<String> {
+    let own_noop = row.kind == Kind::Noop
+        && tx.value.is_zero()
+        && signer.as_str().parse::<Address>().is_ok_and(|a| a == tx.to);
+    if own_noop {
+        return None;
+    }
+    match policy.check(tx.to, tx.value) {
+        Verdict::Allow => None,
+        Verdict::NeedsApproval if row.approved_by.is_some() => None,
+        Verdict::NeedsApproval => Some(format!(
+            "value {} wei needs an approval and the transaction has none",
+            tx.value
+        )),
+        Verdict::Deny(reason) => Some(reason),
+    }
+}
+
+/// The transaction to sign from the recorded payload, or the name of the field that is not valid.
+pub fn unsigned_tx(chain_id: i64, nonce: i64, p: &TxPayload) -> Result<UnsignedTx, &'static str> {
+    Ok(UnsignedTx {
+        chain_id: u64::try_from(chain_id).map_err(|_| "chain id")?,
+        nonce: u64::try_from(nonce).map_err(|_| "nonce")?,
+        to: p.to.parse::<Address>().map_err(|_| "to")?,
+        value: U256::from_str_radix(&p.value, 10).map_err(|_| "value")?,
+        data: Bytes::from(hex::decode(p.data.trim_start_matches("0x")).map_err(|_| "data")?),
+        gas_limit: p.gas_limit.ok_or("gas_limit")?,
+        max_fee_per_gas: p
+            .max_fee_per_gas
+            .as_deref()
+            .ok_or("max_fee_per_gas")?
+            .parse()
+            .map_err(|_| "max_fee_per_gas")?,
+        max_priority_fee_per_gas: p
+            .max_priority_fee_per_gas
+            .as_deref()
+            .ok_or("max_priority_fee_per_gas")?
+            .parse()
+            .map_err(|_| "max_priority_fee_per_gas")?,
+    })
+}
+
+/// The first field in which the event disagrees with the recorded transaction.
+pub fn mismatch(a: &TxAllocated, nonce: Option<i64>, p: &TxPayload) -> Option<&'static str> {
+    let data = hex::decode(p.data.trim_start_matches("0x")).ok();
+    if nonce != Some(a.nonce) {
+        Some("nonce")
+    } else if !a.to.eq_ignore_ascii_case(&p.to) {
+        Some("to")
+    } else if a.value != p.value {
+        Some("value")
+    } else if data.as_deref() != Some(a.data.as_slice()) {
+        Some("data")
+    } else if p.gas_limit.and_then(|g| i64::try_from(g).ok()) != Some(a.gas_limit) {
+        Some("gas_limit")
+    } else if p.max_fee_per_gas.as_deref() != Some(a.max_fee_per_gas.as_str()) {
+        Some("max_fee_per_gas")
+    } else if p.max_priority_fee_per_gas.as_deref() != Some(a.max_priority_fee_per_gas.as_str()) {
+        Some("max_priority_fee_per_gas")
+    } else {
+        None
+    }
+}
+
+/// The attempt number of a new signature: 1, or the next one after the transaction's highest
+/// recorded attempt (a transaction re-allocated after REPLACED).
+pub fn next_attempt(highest: Option<i32>) -> i32 {
+    highest.unwrap_or(0) + 1
+}
+
+/// The TxSigned to re-announce among the stored ones: the latest attempt's.
+pub fn latest_signed(stored: impl IntoIterator<Item = TxSigned>) -> Option<TxSigned> {
+    stored.into_iter().max_by_key(|s| s.attempt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SIGNER: &str = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8";
+    /// anvil's second key, whose address is `SIGNER`.
+    const SIGNER_KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
+    const DEAD: &str = "0x000000000000000000000000000000000000dead";
+    const CHAIN: ChainId = ChainId(31337);
+
+    fn payload() -> TxPayload {
+        TxPayload {
+            to: DEAD.into(),
+            value: "5".into(),
+            data: "0x7478".into(),
+            gas_limit: Some(25_000),
+            max_fee_per_gas: Some("2000000000".into()),
+            max_priority_fee_per_gas: Some("1000".into()),
+        }
+    }
+
+    fn row() -> TxRow {
+        TxRow {
+            tx_id: Uuid::nil(),
+            request_id: "r".into(),
+            kind: Kind::Request,
+            state: TxState::Allocated,
+            nonce: Some(7),
+            payload: serde_json::to_value(payload()).expect("payload"),
+            approved_by: None,
+        }
+    }
+
+    fn event() -> TxAllocated {
+        TxAllocated {
+            event_id: Uuid::new_v4().to_string(),
+            tx_id: Uuid::nil().to_string(),
+            request_id: "r".into(),
+            chain_id: CHAIN.0,
+            signer: SIGNER.into(),
+            nonce: 7,
+            to: "0x000000000000000000000000000000000000DEAD".into(),
+            value: "5".into(),
+            data: vec![0x74, 0x78],
+            gas_limit: 25_000,
+            max_fee_per_gas: "2000000000".into(),
+            max_priority_fee_per_gas: "1000".into(),
+            fencing_token: 3,
+        }
+    }
+
+    fn policy(whitelist: &[&str], max: Option<&str>, threshold: Option<&str>) -> Policy {
+        let whitelist: Vec<String> = whitelist.iter().map(|s| s.to_string()).collect();
+        Policy::parse(&whitelist, max, threshold).expect("policy")
+    }
+
+    /// The inputs of one case, owned; `Case::input` borrows them as [`Input`].
+    struct Case {
+        row: Option<TxRow>,
+        claimed: Option<TxAllocated>,
+        policy: Policy,
+        key: Option<PrivateKeySigner>,
+    }
+
+    impl Case {
+        /// An ALLOCATED request asked for by an agreeing event, an open policy, a key.
+        fn new() -> Case {
+            Case {
+                row: Some(row()),
+                claimed: Some(event()),
+                policy: policy(&[], None, None),
+                key: Some(SIGNER_KEY.parse().expect("key")),
+            }
+        }
+
+        fn decide<'a>(&'a self, signer: &'a Signer) -> Decision<'a> {
+            decide(&Input {
+                tx_id: Uuid::nil(),
+                chain_id: CHAIN,
+                signer,
+                row: self.row.as_ref(),
+                claimed: self.claimed.as_ref(),
+                policy: &self.policy,
+                key: self.key.as_ref(),
+            })
+        }
+    }
+
+    /// A decision in comparable form.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Want {
+        Sign,
+        Reannounce,
+        Nothing,
+        Reject(&'static str),
+        Fail(FailureCode),
+    }
+
+    fn outcome(d: &Decision<'_>) -> Want {
+        match d {
+            Decision::Sign { .. } => Want::Sign,
+            Decision::Reannounce => Want::Reannounce,
+            Decision::Nothing => Want::Nothing,
+            Decision::Reject(r) => Want::Reject(match r.code.as_str() {
+                "UNKNOWN_TX" => "UNKNOWN_TX",
+                "ALLOCATION_MISMATCH" => "ALLOCATION_MISMATCH",
+                other => panic!("unexpected rejection code {other}"),
+            }),
+            Decision::Fail { code, .. } => Want::Fail(*code),
+        }
+    }
+
+    fn set_payload(c: &mut Case, change: impl FnOnce(&mut TxPayload)) {
+        let mut p = payload();
+        change(&mut p);
+        if let Some(r) = c.row.as_mut() {
+            r.payload = serde_json::to_value(p).expect("payload");
+        }
+    }
+
+    #[test]
+    fn each_situation_has_its_decision() {
+        type Setup = fn(&mut Case);
+        let cases: Vec<(&str, Setup, Want)> = vec![
+            ("an agreeing event", |_| {}, Want::Sign),
+            ("a recovery scan", |c| c.claimed = None, Want::Sign),
+            (
+                "an event about an unknown transaction",
+                |c| c.row = None,
+                Want::Reject("UNKNOWN_TX"),
+            ),
+            (
+                "a scan of a row that is gone",
+                |c| {
+                    c.row = None;
+                    c.claimed = None;
+                },
+                Want::Nothing,
+            ),
+            (
+                "an allocated row without a nonce",
+                |c| c.row.as_mut().unwrap().nonce = None,
+                Want::Nothing,
+            ),
+            (
+                "a payload that does not parse",
+                |c| c.row.as_mut().unwrap().payload = serde_json::json!({"to": 5}),
+                Want::Fail(FailureCode::SigningFailed),
+            ),
+            (
+                "a payload that does not parse, on a scan",
+                |c| {
+                    c.claimed = None;
+                    c.row.as_mut().unwrap().payload = serde_json::json!("x");
+                },
+                Want::Fail(FailureCode::SigningFailed),
+            ),
+            (
+                "an event with another nonce",
+                |c| c.claimed.as_mut().unwrap().nonce = 8,
+                Want::Reject("ALLOCATION_MISMATCH"),
+            ),
+            (
+                "an event with another value",
+                |c| c.claimed.as_mut().unwrap().value = "6".into(),
+                Want::Reject("ALLOCATION_MISMATCH"),
+            ),
+            (
+                "a recorded gas limit missing, on a scan",
+                |c| {
+                    c.claimed = None;
+                    set_payload(c, |p| p.gas_limit = None);
+                },
+                Want::Fail(FailureCode::SigningFailed),
+            ),
+            (
+                "a recorded fee that is not a number, on a scan",
+                |c| {
+                    c.claimed = None;
+                    set_payload(c, |p| p.max_fee_per_gas = Some("-1".into()));
+                },
+                Want::Fail(FailureCode::SigningFailed),
+            ),
+            (
+                "a destination off the whitelist",
+                |c| c.policy = policy(&[SIGNER], None, None),
+                Want::Fail(FailureCode::PolicyDenied),
+            ),
+            (
+                "a value above the limit",
+                |c| c.policy = policy(&[], Some("4"), None),
+                Want::Fail(FailureCode::PolicyDenied),
+            ),
+            (
+                "a value above the limit, approved",
+                |c| {
+                    c.policy = policy(&[], Some("4"), None);
+                    c.row.as_mut().unwrap().approved_by = Some("ops".into());
+                },
+                Want::Fail(FailureCode::PolicyDenied),
+            ),
+            (
+                "a value above the approval threshold, not approved",
+                |c| c.policy = policy(&[], None, Some("5")),
+                Want::Fail(FailureCode::PolicyDenied),
+            ),
+            (
+                "a value above the approval threshold, approved",
+                |c| {
+                    c.policy = policy(&[], None, Some("5"));
+                    c.row.as_mut().unwrap().approved_by = Some("ops".into());
+                },
+                Want::Sign,
+            ),
+            (
+                "a no-op filling a released nonce, whatever the policy",
+                |c| {
+                    c.claimed = None;
+                    c.policy = policy(&[DEAD], Some("0"), Some("0"));
+                    let r = c.row.as_mut().unwrap();
+                    r.kind = Kind::Noop;
+                    set_payload(c, |p| {
+                        p.to = SIGNER.into();
+                        p.value = "0".into();
+                        p.data = "0x".into();
+                    });
+                },
+                Want::Sign,
+            ),
+            (
+                "a no-op with a value is checked",
+                |c| {
+                    c.claimed = None;
+                    c.policy = policy(&[DEAD], None, None);
+                    c.row.as_mut().unwrap().kind = Kind::Noop;
+                    set_payload(c, |p| p.to = SIGNER.into());
+                },
+                Want::Fail(FailureCode::PolicyDenied),
+            ),
+            (
+                "a request shaped like a no-op is checked",
+                |c| {
+                    c.claimed = None;
+                    c.policy = policy(&[DEAD], None, None);
+                    set_payload(c, |p| {
+                        p.to = SIGNER.into();
+                        p.value = "0".into();
+                    });
+                },
+                Want::Fail(FailureCode::PolicyDenied),
+            ),
+            (
+                "no key for the signer",
+                |c| c.key = None,
+                Want::Fail(FailureCode::NoSigningKey),
+            ),
+            (
+                "no key, and the policy refuses: the policy is the reason",
+                |c| {
+                    c.key = None;
+                    c.policy = policy(&[SIGNER], None, None);
+                },
+                Want::Fail(FailureCode::PolicyDenied),
+            ),
+            (
+                "no key, and the event disagrees: the event is dead-lettered",
+                |c| {
+                    c.key = None;
+                    c.claimed.as_mut().unwrap().gas_limit = 21_000;
+                },
+                Want::Reject("ALLOCATION_MISMATCH"),
+            ),
+        ];
+        let signer = Signer::parse(SIGNER).expect("signer");
+        for (name, setup, want) in cases {
+            let mut c = Case::new();
+            setup(&mut c);
+            assert_eq!(outcome(&c.decide(&signer)), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn only_allocated_rows_are_signed_and_persisted_attempts_are_announced_again() {
+        let signer = Signer::parse(SIGNER).expect("signer");
+        for state in TxState::ALL {
+            let want = match state {
+                TxState::Allocated => Want::Sign,
+                TxState::Signed
+                | TxState::Submitted
+                | TxState::Mined
+                | TxState::Confirmed
+                | TxState::Reverted => Want::Reannounce,
+                TxState::Received
+                | TxState::Simulated
+                | TxState::PendingApproval
+                | TxState::Replaced
+                | TxState::Failed => Want::Nothing,
+            };
+            for claimed in [Some(event()), None] {
+                let mut c = Case::new();
+                c.row.as_mut().unwrap().state = state;
+                c.claimed = claimed;
+                assert_eq!(outcome(&c.decide(&signer)), want, "{state}");
+            }
+            // A state with an attempt announces it even if this gateway lost the key.
+            let mut c = Case::new();
+            c.row.as_mut().unwrap().state = state;
+            c.key = None;
+            if state.holds_nonce() && state != TxState::Allocated {
+                assert_eq!(outcome(&c.decide(&signer)), Want::Reannounce, "{state}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_decision_to_sign_carries_the_recorded_transaction_and_failures_their_reasons() {
+        let signer = Signer::parse(SIGNER).expect("signer");
+        let c = Case::new();
+        match c.decide(&signer) {
+            Decision::Sign { nonce, tx, key, .. } => {
+                assert_eq!(nonce, 7);
+                assert_eq!((tx.chain_id, tx.nonce, tx.gas_limit), (31337, 7, 25_000));
+                assert_eq!(tx.to, DEAD.parse::<Address>().expect("address"));
+                assert_eq!(format!("{:#x}", key.address()), SIGNER);
+            }
+            other => panic!("{other:?}"),
+        }
+        let reason = |c: &Case| match c.decide(&signer) {
+            Decision::Fail { nonce, reason, .. } => {
+                assert_eq!(nonce, 7);
+                reason
+            }
+            Decision::Reject(r) => r.message,
+            other => panic!("{other:?}"),
+        };
+        let mut c = Case::new();
+        c.key = None;
+        assert_eq!(
+            reason(&c),
+            format!("this signer gateway has no key for {SIGNER}")
+        );
+        let mut c = Case::new();
+        c.policy = policy(&[], None, Some("1"));
+        assert_eq!(
+            reason(&c),
+            "value 5 wei needs an approval and the transaction has none"
+        );
+        let mut c = Case::new();
+        set_payload(&mut c, |p| p.to = "nowhere".into());
+        c.claimed.as_mut().unwrap().to = "nowhere".into();
+        assert_eq!(reason(&c), "the recorded to is not valid");
+        let mut c = Case::new();
+        c.row = None;
+        assert_eq!(
+            reason(&c),
+            format!("no transaction {} of {SIGNER} on chain 31337", Uuid::nil())
+        );
+        let mut c = Case::new();
+        c.claimed.as_mut().unwrap().data = vec![0x74];
+        assert_eq!(
+            reason(&c),
+            format!(
+                "the event's data differs from the recorded transaction {}",
+                Uuid::nil()
+            )
+        );
+    }
+
+    #[test]
+    fn an_event_must_agree_with_the_recorded_transaction_field_by_field() {
+        let p = payload();
+        assert_eq!(mismatch(&event(), Some(7), &p), None);
+        assert_eq!(mismatch(&event(), Some(8), &p), Some("nonce"));
+        assert_eq!(mismatch(&event(), None, &p), Some("nonce"));
+        type Change = fn(&mut TxAllocated);
+        let cases: [(Change, &str); 6] = [
+            (|a| a.to = SIGNER.into(), "to"),
+            (|a| a.value = "6".into(), "value"),
+            (|a| a.data = vec![0x74], "data"),
+            (|a| a.gas_limit = 21_000, "gas_limit"),
+            (|a| a.max_fee_per_gas = "1".into(), "max_fee_per_gas"),
+            (
+                |a| a.max_priority_fee_per_gas = "2".into(),
+                "max_priority_fee_per_gas",
+            ),
+        ];
+        for (change, field) in cases {
+            let mut a = event();
+            change(&mut a);
+            assert_eq!(mismatch(&a, Some(7), &p), Some(field));
+        }
+    }
+
+    #[test]
+    fn the_transaction_is_built_from_the_recorded_payload_or_names_the_bad_field() {
+        let u = unsigned_tx(31337, 7, &payload()).expect("valid");
+        assert_eq!((u.nonce, u.gas_limit, u.value), (7, 25_000, U256::from(5)));
+        assert_eq!(u.data.as_ref(), &[0x74, 0x78]);
+        type Change = fn(&mut TxPayload);
+        let cases: [(Change, &str); 7] = [
+            (|p| p.to = "0x12".into(), "to"),
+            (|p| p.value = "-5".into(), "value"),
+            (|p| p.data = "0xzz".into(), "data"),
+            (|p| p.gas_limit = None, "gas_limit"),
+            (|p| p.max_fee_per_gas = Some("-1".into()), "max_fee_per_gas"),
+            (|p| p.max_fee_per_gas = None, "max_fee_per_gas"),
+            (
+                |p| p.max_priority_fee_per_gas = Some("1.5".into()),
+                "max_priority_fee_per_gas",
+            ),
+        ];
+        for (change, field) in cases {
+            let mut p = payload();
+            change(&mut p);
+            assert_eq!(unsigned_tx(31337, 7, &p).err(), Some(field));
+        }
+        assert_eq!(unsigned_tx(31337, -1, &payload()).err(), Some("nonce"));
+        assert_eq!(unsigned_tx(-1, 7, &payload()).err(), Some("chain id"));
+    }
+
+    #[test]
+    fn attempts_count_from_one_and_the_latest_is_announced_again() {
+        let cases = [(None, 1), (Some(1), 2), (Some(4), 5)];
+        for (highest, next) in cases {
+            assert_eq!(next_attempt(highest), next, "{highest:?}");
+        }
+        let signed = |attempt| TxSigned {
+            event_id: format!("e{attempt}"),
+            tx_id: Uuid::nil().to_string(),
+            chain_id: CHAIN.0,
+            signer: SIGNER.into(),
+            nonce: 7,
+            attempt,
+            tx_hash: format!("0x{attempt:064x}"),
+            raw_tx: vec![attempt as u8],
+            max_fee_per_gas: "2".into(),
+            max_priority_fee_per_gas: "1".into(),
+            fencing_token: 3,
+        };
+        assert_eq!(latest_signed(Vec::new()), None);
+        let latest = latest_signed([signed(2), signed(3), signed(1)]).expect("one");
+        assert_eq!(latest.event_id, "e3");
+    }
+}

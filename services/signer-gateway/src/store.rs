@@ -1,0 +1,261 @@
+//! The signer gateway's SQL: one named function per transition, on the fenced primitives of
+//! `txflow_core::txstore` (which compare-and-set the state and write the audit rows), its own
+//! fenced attempt rows, and the reads its handler and drive need. Set-based: each function writes
+//! all of its rows with one statement.
+//!
+//! No state name is written here as SQL text: states are bound from `TxState`.
+
+use std::collections::HashMap;
+
+use sqlx::PgPool;
+use txflow_core::domain::{ChainId, Signer};
+use txflow_core::events::{TxFailed, TxSigned};
+use txflow_core::failure::FailureCode;
+use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced};
+use txflow_core::lease::LeaseKey;
+use txflow_core::retry::{Classify, Retry};
+use txflow_core::stage::HandlerError;
+use txflow_core::state::{FAIL_ALLOCATED, Move, SIGN, TxState};
+use txflow_core::txstore::{self, Audit, MoveRow, ReadError, TxRow};
+use uuid::Uuid;
+
+/// The states the signer gateway drives: transactions waiting for a signature.
+pub const DRIVEN: [TxState; 1] = [TxState::Allocated];
+
+/// How many ALLOCATED transactions of a signer one recovery scan signs, in nonce order.
+pub const SCAN_LIMIT: i64 = 500;
+
+/// Errors of the signer gateway's store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Fence(#[from] FenceError),
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// An event that cannot be written as its audit row: a bug, not a passing condition.
+    #[error("the {event_type} of transaction {tx_id} cannot be encoded as JSON")]
+    Encode {
+        tx_id: Uuid,
+        event_type: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A stored audit row that does not parse as its event: a corrupt row or a newer schema.
+    #[error("the stored {event_type} of transaction {tx_id} is not valid")]
+    StoredEvent {
+        tx_id: Uuid,
+        event_type: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl Classify for StoreError {
+    fn retry(&self) -> Retry {
+        match self {
+            StoreError::Fence(e) => e.retry(),
+            StoreError::Read(e) => e.retry(),
+            StoreError::Encode { .. } | StoreError::StoredEvent { .. } => Retry::Permanent,
+        }
+    }
+}
+
+/// A lost lease is `LeaseLost` (core's conversion of [`FenceError`]); everything else as its
+/// classification says (a database error is retried, a corrupt row or event is a `Fail`).
+impl From<StoreError> for HandlerError {
+    fn from(e: StoreError) -> HandlerError {
+        match e {
+            StoreError::Fence(e) | StoreError::Read(ReadError::Fence(e)) => e.into(),
+            other => HandlerError::classified("signer gateway store", other),
+        }
+    }
+}
+
+/// A signature to record: ALLOCATED → SIGNED, its attempt row, and its TxSigned as audit.
+#[derive(Debug, Clone)]
+pub struct Signing {
+    pub tx_id: Uuid,
+    pub event_id: Uuid,
+    /// The announced event; its nonce, attempt, hash, raw bytes and fees are what is recorded.
+    pub event: TxSigned,
+}
+
+/// A transaction that cannot be signed: ALLOCATED → FAILED with `code`, and its TxFailed as
+/// audit.
+#[derive(Debug, Clone)]
+pub struct Failing {
+    pub tx_id: Uuid,
+    pub event_id: Uuid,
+    pub code: FailureCode,
+    /// The announced event; its nonce is the one the row must still hold, its reason is stored.
+    pub event: TxFailed,
+}
+
+/// The audit row of `m` for one transaction: `encoded` is the JSON of its event.
+fn audit(
+    m: Move,
+    tx_id: Uuid,
+    event_id: Uuid,
+    encoded: serde_json::Result<serde_json::Value>,
+) -> Result<Audit, StoreError> {
+    Ok(Audit {
+        event_id,
+        event_type: m.event,
+        payload: encoded.map_err(|source| StoreError::Encode {
+            tx_id,
+            event_type: m.event,
+            source,
+        })?,
+    })
+}
+
+/// ALLOCATED → SIGNED for every row (each must still hold the nonce it was signed with), and the
+/// attempt rows, in the caller's transaction.
+pub async fn sign(w: &mut Fenced<'_>, rows: &[Signing]) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let moves = rows
+        .iter()
+        .map(|r| {
+            let mut m = MoveRow::new(
+                r.tx_id,
+                audit(SIGN, r.tx_id, r.event_id, serde_json::to_value(&r.event))?,
+            );
+            m.expect_nonce = Some(r.event.nonce);
+            Ok(m)
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    txstore::apply_all(w, SIGN, &moves).await?;
+    record_attempts(w, rows).await
+}
+
+/// The attempt rows of transactions that just moved to SIGNED: one fenced statement.
+async fn record_attempts(w: &mut Fenced<'_>, rows: &[Signing]) -> Result<(), StoreError> {
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.tx_id).collect();
+    let attempts: Vec<i32> = rows.iter().map(|r| r.event.attempt).collect();
+    let hashes: Vec<&str> = rows.iter().map(|r| r.event.tx_hash.as_str()).collect();
+    let raws: Vec<&[u8]> = rows.iter().map(|r| r.event.raw_tx.as_slice()).collect();
+    let max_fees: Vec<&str> = rows
+        .iter()
+        .map(|r| r.event.max_fee_per_gas.as_str())
+        .collect();
+    let tips: Vec<&str> = rows
+        .iter()
+        .map(|r| r.event.max_priority_fee_per_gas.as_str())
+        .collect();
+    let sql = format!(
+        "INSERT INTO tx_attempts (tx_id, attempt, tx_hash, raw_tx, max_fee_per_gas, max_priority_fee_per_gas)
+         SELECT u.tx_id, u.attempt, u.tx_hash, u.raw_tx, u.max_fee::numeric, u.tip::numeric
+         FROM unnest($6::uuid[], $7::int[], $8::text[], $9::bytea[], $10::text[], $11::text[])
+              AS u(tx_id, attempt, tx_hash, raw_tx, max_fee, tip)
+         WHERE {FENCE_PREDICATE}"
+    );
+    let written = w
+        .execute("record attempts", &sql, |q| {
+            q.bind(ids)
+                .bind(attempts)
+                .bind(hashes)
+                .bind(raws)
+                .bind(max_fees)
+                .bind(tips)
+        })
+        .await?;
+    if written != rows.len() as u64 {
+        return Err(w.fenced("record attempts").into());
+    }
+    Ok(())
+}
+
+/// ALLOCATED → FAILED for every row (each must still hold its nonce), the nonces released to
+/// `recycled_nonces` by the move itself.
+pub async fn fail_allocated(w: &mut Fenced<'_>, rows: &[Failing]) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let moves = rows
+        .iter()
+        .map(|r| {
+            let mut m = MoveRow::new(
+                r.tx_id,
+                audit(
+                    FAIL_ALLOCATED,
+                    r.tx_id,
+                    r.event_id,
+                    serde_json::to_value(&r.event),
+                )?,
+            );
+            m.failure = Some((r.code, r.event.reason.clone()));
+            m.expect_nonce = r.event.nonce;
+            Ok(m)
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    txstore::apply_all(w, FAIL_ALLOCATED, &moves).await?;
+    Ok(())
+}
+
+/// These transactions of the writer's signer, locked for the rest of the transaction (the event
+/// and the recovery scan never sign the same row at once).
+pub async fn lock(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<Vec<TxRow>, StoreError> {
+    Ok(txstore::lock_rows(w, tx_ids).await?)
+}
+
+/// The highest recorded attempt of each of these transactions that has one.
+pub async fn highest_attempts(
+    w: &mut Fenced<'_>,
+    tx_ids: &[Uuid],
+) -> Result<HashMap<Uuid, i32>, StoreError> {
+    if tx_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<(Uuid, Option<i32>)> = w
+        .read(
+            "highest attempts",
+            sqlx::query_as(
+                "SELECT tx_id, max(attempt) FROM tx_attempts WHERE tx_id = ANY($1) GROUP BY tx_id",
+            )
+            .bind(tx_ids.to_vec()),
+        )
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(tx_id, a)| a.map(|a| (tx_id, a)))
+        .collect())
+}
+
+/// The stored TxSigned events of these transactions (every attempt's).
+pub async fn signed_events(
+    w: &mut Fenced<'_>,
+    tx_ids: &[Uuid],
+) -> Result<Vec<(Uuid, TxSigned)>, StoreError> {
+    if tx_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    txstore::stored_events(w, tx_ids, SIGN.event)
+        .await?
+        .into_iter()
+        .map(|(tx_id, payload)| {
+            serde_json::from_value(payload)
+                .map(|e| (tx_id, e))
+                .map_err(|source| StoreError::StoredEvent {
+                    tx_id,
+                    event_type: SIGN.event,
+                    source,
+                })
+        })
+        .collect()
+}
+
+/// The signer's ALLOCATED transactions in nonce order, at most [`SCAN_LIMIT`], outside any
+/// transaction: what a recovery scan signs.
+pub async fn allocated(pool: &PgPool, key: &LeaseKey) -> Result<Vec<TxRow>, StoreError> {
+    Ok(txstore::rows_in_states(pool, key.chain_id, &key.signer, &DRIVEN, true, SCAN_LIMIT).await?)
+}
+
+/// Signers of `chain_id` with transactions waiting for a signature.
+pub async fn pending_signers(
+    pool: &PgPool,
+    chain_id: ChainId,
+) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+    txstore::signers_in_states(pool, chain_id, &DRIVEN).await
+}

@@ -1,0 +1,532 @@
+//! A scripted, in-memory chain for the middle test tier: a stage's handler against a real
+//! PostgreSQL with [`FakeChain`] in place of an RPC node (`txflow_core::chain::ChainClient`).
+//!
+//! The model: per-address mined (`latest`) nonces, a pool of sent transactions (decoded from their
+//! EIP-2718 bytes: sender, nonce, hash), blocks made by [`FakeChain::mine`] from the pool's
+//! executable transactions (consecutive nonces from each sender's latest), and receipts for what
+//! was mined. Sends are answered the way a node answers them ("already known", "nonce too low",
+//! "replacement transaction underpriced"), unless a test scripted the next answers
+//! ([`FakeChain::script_send`]). Simulations answer `Ok { gas: 21000 }` unless set per destination;
+//! any method can be made to fail as an unavailable node ([`FakeChain::fail_next`]). Every call
+//! is counted per method ([`FakeChain::calls`]), and every raw transaction received is kept
+//! ([`FakeChain::sent`]).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+
+use alloy::consensus::{Transaction as _, TxEnvelope};
+use alloy::eips::eip2718::Decodable2718;
+use alloy::primitives::{Address, B256, Bytes, U256, keccak256};
+use alloy::transports::TransportErrorKind;
+use txflow_core::chain::{
+    BlockHeader, ChainClient, ChainError, ChainFuture, Receipt, SendOutcome, Simulation,
+};
+
+/// The names [`FakeChain::calls`] counts, one per [`ChainClient`] method.
+pub const METHODS: [&str; 9] = [
+    "pending_nonce",
+    "latest_nonce",
+    "knows_transaction",
+    "simulate",
+    "fees",
+    "send_raw",
+    "receipt",
+    "block",
+    "block_number",
+];
+
+/// A transaction in the fake node's pool or mined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeTx {
+    pub hash: B256,
+    pub from: Address,
+    pub nonce: u64,
+    pub raw: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Mined transactions per sender (the `latest` nonce).
+    latest: HashMap<Address, u64>,
+    /// Sent, not mined: by (sender, nonce).
+    pool: BTreeMap<(Address, u64), FakeTx>,
+    /// Mined: by hash, with the receipt.
+    mined: HashMap<B256, (FakeTx, Receipt)>,
+    blocks: Vec<BlockHeader>,
+    /// Every raw transaction received by `send_raw`, in order (duplicates included).
+    sent: Vec<Vec<u8>>,
+    send_script: VecDeque<SendOutcome>,
+    failures: HashMap<&'static str, usize>,
+    simulations: HashMap<Address, Simulation>,
+    default_simulation: Simulation,
+    /// Destinations whose mined transactions revert (status 0).
+    reverting: Vec<Address>,
+    fees: (u128, u128),
+    gas_price: u128,
+    calls: HashMap<&'static str, u64>,
+}
+
+/// The scripted chain. Cheap to share: hold it in an `Arc` and give the stage an
+/// `Arc<dyn ChainClient>` of the same value.
+#[derive(Debug)]
+pub struct FakeChain {
+    state: Mutex<State>,
+}
+
+impl Default for FakeChain {
+    fn default() -> Self {
+        FakeChain::new()
+    }
+}
+
+fn genesis() -> BlockHeader {
+    BlockHeader {
+        number: 0,
+        hash: keccak256(b"fake genesis"),
+        parent_hash: B256::ZERO,
+    }
+}
+
+impl FakeChain {
+    /// An empty chain at block 0: every nonce 0, fees 2 gwei / 1 gwei, simulations succeed.
+    pub fn new() -> FakeChain {
+        FakeChain {
+            state: Mutex::new(State {
+                latest: HashMap::new(),
+                pool: BTreeMap::new(),
+                mined: HashMap::new(),
+                blocks: vec![genesis()],
+                sent: Vec::new(),
+                send_script: VecDeque::new(),
+                failures: HashMap::new(),
+                simulations: HashMap::new(),
+                default_simulation: Simulation::Ok { gas: 21_000 },
+                reverting: Vec::new(),
+                fees: (2_000_000_000, 1_000_000_000),
+                gas_price: 1_500_000_000,
+                calls: HashMap::new(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    // ---- scripting ----
+
+    /// The next `send_raw` answers, in order, before the modelled node answers again.
+    pub fn script_send(&self, outcome: SendOutcome) {
+        self.state().send_script.push_back(outcome);
+    }
+
+    /// What `simulate` answers for calls to `to`.
+    pub fn set_simulation(&self, to: Address, simulation: Simulation) {
+        self.state().simulations.insert(to, simulation);
+    }
+
+    /// What `simulate` answers for destinations without their own answer.
+    pub fn set_default_simulation(&self, simulation: Simulation) {
+        self.state().default_simulation = simulation;
+    }
+
+    /// What `fees` answers: (max fee, max priority fee).
+    pub fn set_fees(&self, max_fee: u128, priority_fee: u128) {
+        self.state().fees = (max_fee, priority_fee);
+    }
+
+    /// The next `times` calls of `method` (one of [`METHODS`]) fail as an unavailable node
+    /// (transient).
+    pub fn fail_next(&self, method: &'static str, times: usize) {
+        assert!(METHODS.contains(&method), "no method {method}");
+        *self.state().failures.entry(method).or_default() += times;
+    }
+
+    /// Transactions to `to` mined from now on revert (receipt status 0).
+    pub fn revert_calls_to(&self, to: Address) {
+        self.state().reverting.push(to);
+    }
+
+    /// The signer used `nonce` outside txflow: its latest nonce is at least `nonce + 1`, and pooled
+    /// transactions below it are dropped (as a node does).
+    pub fn use_nonce_elsewhere(&self, from: Address, nonce: u64) {
+        let mut s = self.state();
+        let latest = s.latest.entry(from).or_default();
+        *latest = (*latest).max(nonce + 1);
+        let latest = *latest;
+        s.pool.retain(|(a, n), _| *a != from || *n >= latest);
+    }
+
+    /// Mines one block with every executable pooled transaction (consecutive nonces from each
+    /// sender's latest); returns the block's number.
+    pub fn mine(&self) -> u64 {
+        let mut s = self.state();
+        let parent = *s.blocks.last().expect("genesis");
+        let number = parent.number + 1;
+        let hash = keccak256(format!("fake block {number} after {}", parent.hash));
+        let mut included = Vec::new();
+        loop {
+            let next = s
+                .pool
+                .keys()
+                .find(|(a, n)| s.latest.get(a).copied().unwrap_or(0) == *n)
+                .copied();
+            let Some(k) = next else { break };
+            let tx = s.pool.remove(&k).expect("pooled");
+            *s.latest.entry(k.0).or_default() += 1;
+            included.push(tx);
+        }
+        for tx in included {
+            let status = match TxEnvelope::decode_2718(&mut tx.raw.as_slice()) {
+                Ok(e) => !e.to().is_some_and(|to| s.reverting.contains(&to)),
+                Err(_) => true,
+            };
+            let receipt = Receipt {
+                tx_hash: tx.hash,
+                block_number: number,
+                block_hash: hash,
+                status,
+                gas_used: 21_000,
+                effective_gas_price: s.gas_price,
+            };
+            s.mined.insert(tx.hash, (tx, receipt));
+        }
+        s.blocks.push(BlockHeader {
+            number,
+            hash,
+            parent_hash: parent.hash,
+        });
+        number
+    }
+
+    // ---- inspection ----
+
+    /// How many times `method` (one of [`METHODS`]) was called.
+    pub fn calls(&self, method: &str) -> u64 {
+        assert!(METHODS.contains(&method), "no method {method}");
+        self.state().calls.get(method).copied().unwrap_or(0)
+    }
+
+    /// Every raw transaction received, in order, duplicates included.
+    pub fn sent(&self) -> Vec<Vec<u8>> {
+        self.state().sent.clone()
+    }
+
+    /// The pool: sent, not mined, by (sender, nonce).
+    pub fn pooled(&self) -> Vec<FakeTx> {
+        self.state().pool.values().cloned().collect()
+    }
+
+    /// Whether a transaction with this hash was mined.
+    pub fn is_mined(&self, hash: B256) -> bool {
+        self.state().mined.contains_key(&hash)
+    }
+
+    // ---- the node ----
+
+    /// Counts the call; the scripted failure, if one is due.
+    fn enter(&self, method: &'static str) -> Result<MutexGuard<'_, State>, ChainError> {
+        let mut s = self.state();
+        *s.calls.entry(method).or_default() += 1;
+        if let Some(n) = s.failures.get_mut(method)
+            && *n > 0
+        {
+            *n -= 1;
+            return Err(ChainError::Unavailable {
+                method,
+                source: TransportErrorKind::custom_str("fake chain: scripted failure"),
+            });
+        }
+        Ok(s)
+    }
+
+    fn pending_of(s: &State, from: Address) -> u64 {
+        let mut n = s.latest.get(&from).copied().unwrap_or(0);
+        while s.pool.contains_key(&(from, n)) {
+            n += 1;
+        }
+        n
+    }
+
+    fn send(&self, raw: &[u8]) -> Result<SendOutcome, ChainError> {
+        let mut s = self.enter("send_raw")?;
+        s.sent.push(raw.to_vec());
+        if let Some(o) = s.send_script.pop_front() {
+            return Ok(o);
+        }
+        let decoded = TxEnvelope::decode_2718(&mut &raw[..]).map_err(|e| e.to_string());
+        let (envelope, from) = match decoded.and_then(|e| {
+            let from = e
+                .signature()
+                .recover_address_from_prehash(&e.signature_hash())
+                .map_err(|e| e.to_string())?;
+            Ok((e, from))
+        }) {
+            Ok(v) => v,
+            Err(reason) => {
+                return Ok(SendOutcome::Rejected {
+                    retryable: false,
+                    reason: format!("-32602: failed to decode transaction: {reason}"),
+                });
+            }
+        };
+        let tx = FakeTx {
+            hash: *envelope.tx_hash(),
+            from,
+            nonce: envelope.nonce(),
+            raw: raw.to_vec(),
+        };
+        let known = s.mined.contains_key(&tx.hash) || s.pool.values().any(|p| p.hash == tx.hash);
+        if known {
+            return Ok(SendOutcome::PossiblySent {
+                reason: "-32000: already known".into(),
+            });
+        }
+        if tx.nonce < s.latest.get(&from).copied().unwrap_or(0) {
+            return Ok(SendOutcome::NonceTooLow {
+                reason: "-32003: nonce too low".into(),
+            });
+        }
+        if s.pool.contains_key(&(from, tx.nonce)) {
+            return Ok(SendOutcome::Rejected {
+                retryable: true,
+                reason: "-32603: replacement transaction underpriced".into(),
+            });
+        }
+        s.pool.insert((from, tx.nonce), tx);
+        Ok(SendOutcome::Accepted)
+    }
+}
+
+fn ready<'a, T: Send + 'a>(r: Result<T, ChainError>) -> ChainFuture<'a, T> {
+    Box::pin(std::future::ready(r))
+}
+
+impl ChainClient for FakeChain {
+    fn pending_nonce(&self, address: Address) -> ChainFuture<'_, u64> {
+        ready(
+            self.enter("pending_nonce")
+                .map(|s| FakeChain::pending_of(&s, address)),
+        )
+    }
+
+    fn latest_nonce(&self, address: Address) -> ChainFuture<'_, u64> {
+        ready(
+            self.enter("latest_nonce")
+                .map(|s| s.latest.get(&address).copied().unwrap_or(0)),
+        )
+    }
+
+    fn knows_transaction(&self, hash: B256) -> ChainFuture<'_, bool> {
+        ready(
+            self.enter("knows_transaction")
+                .map(|s| s.mined.contains_key(&hash) || s.pool.values().any(|p| p.hash == hash)),
+        )
+    }
+
+    fn simulate(
+        &self,
+        _from: Address,
+        to: Address,
+        _value: U256,
+        _data: Bytes,
+    ) -> ChainFuture<'_, Simulation> {
+        ready(self.enter("simulate").map(|s| {
+            s.simulations
+                .get(&to)
+                .cloned()
+                .unwrap_or_else(|| s.default_simulation.clone())
+        }))
+    }
+
+    fn fees(&self) -> ChainFuture<'_, (u128, u128)> {
+        ready(self.enter("fees").map(|s| s.fees))
+    }
+
+    fn send_raw<'a>(&'a self, raw: &'a [u8]) -> ChainFuture<'a, SendOutcome> {
+        ready(self.send(raw))
+    }
+
+    fn receipt(&self, hash: B256) -> ChainFuture<'_, Option<Receipt>> {
+        ready(
+            self.enter("receipt")
+                .map(|s| s.mined.get(&hash).map(|(_, r)| r.clone())),
+        )
+    }
+
+    fn block(&self, number: u64) -> ChainFuture<'_, Option<BlockHeader>> {
+        ready(
+            self.enter("block")
+                .map(|s| s.blocks.get(number as usize).copied()),
+        )
+    }
+
+    fn block_number(&self) -> ChainFuture<'_, u64> {
+        ready(
+            self.enter("block_number")
+                .map(|s| s.blocks.last().map(|b| b.number).unwrap_or(0)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloy::signers::local::PrivateKeySigner;
+    use txflow_core::chain::{UnsignedTx, sign};
+    use txflow_core::retry::Classify;
+
+    fn tx(key: &PrivateKeySigner, nonce: u64, to: Address) -> txflow_core::chain::SignedTx {
+        sign(
+            key,
+            &UnsignedTx {
+                chain_id: 31337,
+                nonce,
+                to,
+                value: U256::from(1),
+                data: Bytes::new(),
+                gas_limit: 21_000,
+                max_fee_per_gas: 2_000_000_000,
+                max_priority_fee_per_gas: 1_000_000_000,
+            },
+        )
+        .expect("sign")
+    }
+
+    fn client(c: &FakeChain) -> &dyn ChainClient {
+        c
+    }
+
+    #[tokio::test]
+    async fn sends_are_pooled_then_mined_with_receipts_and_blocks() {
+        let chain = FakeChain::new();
+        let c = client(&chain);
+        let key = PrivateKeySigner::random();
+        let me = key.address();
+        let sink = Address::repeat_byte(0xde);
+        let t0 = tx(&key, 0, sink);
+        let t1 = tx(&key, 1, sink);
+        let t3 = tx(&key, 3, sink);
+
+        assert_eq!(c.send_raw(&t0.raw).await.unwrap(), SendOutcome::Accepted);
+        assert!(matches!(
+            c.send_raw(&t0.raw).await.unwrap(),
+            SendOutcome::PossiblySent { .. }
+        ));
+        assert_eq!(c.send_raw(&t1.raw).await.unwrap(), SendOutcome::Accepted);
+        assert_eq!(c.send_raw(&t3.raw).await.unwrap(), SendOutcome::Accepted);
+        assert_eq!(
+            c.pending_nonce(me).await.unwrap(),
+            2,
+            "3 waits behind a gap"
+        );
+        assert_eq!(c.latest_nonce(me).await.unwrap(), 0);
+        assert!(c.knows_transaction(t1.hash).await.unwrap());
+        assert_eq!(c.receipt(t0.hash).await.unwrap(), None);
+
+        assert_eq!(chain.mine(), 1);
+        assert_eq!(c.block_number().await.unwrap(), 1);
+        assert_eq!(c.latest_nonce(me).await.unwrap(), 2);
+        let r = c.receipt(t1.hash).await.unwrap().expect("mined");
+        assert!(r.status);
+        assert_eq!(r.block_number, 1);
+        let b1 = c.block(1).await.unwrap().expect("block 1");
+        let b0 = c.block(0).await.unwrap().expect("genesis");
+        assert_eq!(r.block_hash, b1.hash);
+        assert_eq!(b1.parent_hash, b0.hash);
+        assert_eq!(c.block(2).await.unwrap(), None);
+        assert_eq!(chain.pooled().len(), 1, "nonce 3 still waits");
+        assert!(!chain.is_mined(t3.hash));
+
+        // Mined: the same bytes are known; another transaction at a used nonce is too low.
+        assert!(matches!(
+            c.send_raw(&t0.raw).await.unwrap(),
+            SendOutcome::PossiblySent { .. }
+        ));
+        let other0 = tx(&key, 0, Address::repeat_byte(1));
+        assert!(matches!(
+            c.send_raw(&other0.raw).await.unwrap(),
+            SendOutcome::NonceTooLow { .. }
+        ));
+        assert!(!c.knows_transaction(other0.hash).await.unwrap());
+        // Same nonce as a pooled one, different transaction: underpriced replacement.
+        let other3 = tx(&key, 3, Address::repeat_byte(1));
+        assert!(matches!(
+            c.send_raw(&other3.raw).await.unwrap(),
+            SendOutcome::Rejected {
+                retryable: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            c.send_raw(b"garbage").await.unwrap(),
+            SendOutcome::Rejected {
+                retryable: false,
+                ..
+            }
+        ));
+        assert_eq!(chain.sent().len(), 8);
+        assert_eq!(chain.calls("send_raw"), 8);
+        assert_eq!(chain.calls("receipt"), 2);
+    }
+
+    #[tokio::test]
+    async fn answers_are_scripted_and_failures_injected() {
+        let chain = FakeChain::new();
+        let c = client(&chain);
+        let key = PrivateKeySigner::random();
+        let to = Address::repeat_byte(7);
+
+        chain.script_send(SendOutcome::InsufficientFunds {
+            reason: "insufficient funds".into(),
+        });
+        let t0 = tx(&key, 0, to);
+        assert!(matches!(
+            c.send_raw(&t0.raw).await.unwrap(),
+            SendOutcome::InsufficientFunds { .. }
+        ));
+        assert!(chain.pooled().is_empty(), "a scripted answer takes nothing");
+        assert_eq!(c.send_raw(&t0.raw).await.unwrap(), SendOutcome::Accepted);
+
+        assert_eq!(
+            c.simulate(key.address(), to, U256::ZERO, Bytes::new())
+                .await
+                .unwrap(),
+            Simulation::Ok { gas: 21_000 }
+        );
+        chain.set_simulation(
+            to,
+            Simulation::Reverts {
+                reason: "nope".into(),
+            },
+        );
+        assert!(matches!(
+            c.simulate(key.address(), to, U256::ZERO, Bytes::new())
+                .await
+                .unwrap(),
+            Simulation::Reverts { .. }
+        ));
+
+        chain.set_fees(10, 3);
+        assert_eq!(c.fees().await.unwrap(), (10, 3));
+
+        chain.fail_next("fees", 2);
+        for _ in 0..2 {
+            let e = c.fees().await.expect_err("scripted failure");
+            assert!(e.is_transient(), "{e}");
+        }
+        assert_eq!(c.fees().await.unwrap(), (10, 3));
+        assert_eq!(chain.calls("fees"), 4);
+
+        // Used outside txflow: the pooled transaction at that nonce is gone, the nonce passed.
+        chain.use_nonce_elsewhere(key.address(), 0);
+        assert!(chain.pooled().is_empty());
+        assert_eq!(c.latest_nonce(key.address()).await.unwrap(), 1);
+
+        chain.revert_calls_to(to);
+        let t1 = tx(&key, 1, to);
+        assert_eq!(c.send_raw(&t1.raw).await.unwrap(), SendOutcome::Accepted);
+        chain.mine();
+        assert!(!c.receipt(t1.hash).await.unwrap().expect("mined").status);
+    }
+}
