@@ -276,15 +276,16 @@ impl FakeChain {
             nonce: envelope.nonce(),
             raw: raw.to_vec(),
         };
-        let known = s.mined.contains_key(&tx.hash) || s.pool.values().any(|p| p.hash == tx.hash);
-        if known {
-            return Ok(SendOutcome::PossiblySent {
-                reason: "-32000: already known".into(),
-            });
-        }
+        // As a node checks: the nonce against the state first (a mined transaction sent again is
+        // "nonce too low"), then the pool.
         if tx.nonce < s.latest.get(&from).copied().unwrap_or(0) {
             return Ok(SendOutcome::NonceTooLow {
                 reason: "-32003: nonce too low".into(),
+            });
+        }
+        if s.pool.values().any(|p| p.hash == tx.hash) {
+            return Ok(SendOutcome::PossiblySent {
+                reason: "-32000: already known".into(),
             });
         }
         if s.pool.contains_key(&(from, tx.nonce)) {
@@ -438,11 +439,13 @@ mod tests {
         assert_eq!(chain.pooled().len(), 1, "nonce 3 still waits");
         assert!(!chain.is_mined(t3.hash));
 
-        // Mined: the same bytes are known; another transaction at a used nonce is too low.
+        // Mined: the same bytes, or another transaction at a used nonce, are too low; only
+        // `knows_transaction` tells them apart.
         assert!(matches!(
             c.send_raw(&t0.raw).await.unwrap(),
-            SendOutcome::PossiblySent { .. }
+            SendOutcome::NonceTooLow { .. }
         ));
+        assert!(c.knows_transaction(t0.hash).await.unwrap());
         let other0 = tx(&key, 0, Address::repeat_byte(1));
         assert!(matches!(
             c.send_raw(&other0.raw).await.unwrap(),

@@ -113,6 +113,9 @@ fn header(m: &OwnedMessage, key: &str) -> Option<String> {
     })
 }
 
+/// `(tx_id, request_id, state, nonce, fencing_token)` of a managed transaction.
+type TxRow = (uuid::Uuid, String, String, Option<i64>, Option<i64>);
+
 /// A stage runtime running in this process.
 struct Running {
     shutdown: CancellationToken,
@@ -120,11 +123,11 @@ struct Running {
 }
 
 /// Database, topics, clients, the fake chain and the signer of one check.
-pub struct Env {
-    pub db: TestDb,
-    pub topics: Topics,
-    pub chain: Arc<FakeChain>,
-    pub key: PrivateKeySigner,
+struct Env {
+    db: TestDb,
+    topics: Topics,
+    chain: Arc<FakeChain>,
+    key: PrivateKeySigner,
     kafka: KafkaSettings,
     codec: RegistryCodec,
     producer: FutureProducer,
@@ -166,7 +169,7 @@ impl Env {
     }
 
     /// The signer under test, lowercase 0x-hex.
-    pub fn signer(&self) -> String {
+    fn signer(&self) -> String {
         format!("{:#x}", self.key.address())
     }
 
@@ -295,7 +298,7 @@ impl Env {
     /// What PostgreSQL holds that a stage may change.
     async fn snapshot(&self) -> String {
         let pool = &self.db.pool;
-        let txs: Vec<(uuid::Uuid, String, String, Option<i64>, Option<i64>)> = sqlx::query_as(
+        let txs: Vec<TxRow> = sqlx::query_as(
             "SELECT tx_id, request_id, state, nonce, fencing_token FROM managed_tx ORDER BY tx_id",
         )
         .fetch_all(pool)
@@ -708,7 +711,7 @@ const NO_PERIODIC_SCAN: Duration = Duration::from_secs(3600);
 ///    `event_id`s, nothing new) and changes nothing in PostgreSQL (nor on the chain).
 async fn redelivery<F: Fixture>() {
     let mut env = Env::new::<F>().await;
-    let pool = env.db.pool(8).await;
+    let pool = env.db.pool(4).await;
     env.start::<F>(pool, NO_PERIODIC_SCAN);
     // Running, assigned, and its assignment scan done: what follows is driven by messages only.
     env.barrier().await;
@@ -775,7 +778,7 @@ async fn redelivery<F: Fixture>() {
 ///    `error.code` (and the source's coordinates), write nothing, and a later message is processed.
 async fn poison<F: Fixture>() {
     let mut env = Env::new::<F>().await;
-    let pool = env.db.pool(8).await;
+    let pool = env.db.pool(4).await;
     env.start::<F>(pool, NO_PERIODIC_SCAN);
     env.barrier().await;
     let before = env.snapshot().await;
@@ -984,7 +987,7 @@ async fn recovery<F: Fixture>() {
     let mut env = Env::new::<F>().await;
     F::record(&env, 1).await;
     F::record(&env, 2).await;
-    let pool = env.db.pool(8).await;
+    let pool = env.db.pool(4).await;
     env.start::<F>(pool, Duration::from_millis(500));
     wait_driven::<F>(&env, 1, "recorded work 1 was driven by the recovery scan").await;
     wait_driven::<F>(&env, 2, "recorded work 2 was driven by the recovery scan").await;

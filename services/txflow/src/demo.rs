@@ -9,6 +9,7 @@ use alloy::providers::Provider;
 use txflow_core::config::Config;
 use txflow_core::events::{TxCommand, TxCommandKind};
 use txflow_core::kafka::{Topics, delete_topics};
+use txflow_core::state::TxState;
 
 use crate::local::{LocalPipeline, SINK};
 
@@ -128,9 +129,9 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
     );
     for i in 0..SIGNERS {
         let s = p.signer(i);
-        let count = |state: &str| {
+        let count = |state: TxState| {
             rows.iter()
-                .filter(|r| r.0 == s && r.1 == state)
+                .filter(|r| r.0 == s && r.1 == state.as_str())
                 .map(|r| r.2)
                 .sum::<i64>()
         };
@@ -141,15 +142,16 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
             .await?;
         println!(
             "{s:<44} {:>9} {:>7} {:>11}",
-            count("SUBMITTED"),
-            count("FAILED"),
+            count(TxState::Submitted),
+            count(TxState::Failed),
             on_chain
         );
     }
     let failures: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT request_id, failure_code, failure_reason FROM managed_tx WHERE request_id LIKE $1 AND state = 'FAILED'",
+        "SELECT request_id, failure_code, failure_reason FROM managed_tx WHERE request_id LIKE $1 AND state = $2",
     )
     .bind(format!("demo-{run}-%"))
+    .bind(TxState::Failed.as_str())
     .fetch_all(&pool)
     .await?;
     for (id, code, reason) in failures {
