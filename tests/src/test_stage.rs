@@ -1,17 +1,20 @@
-//! A test stage for the runtime's tests: it consumes `TxRequest`s, records each as a managed
-//! transaction in RECEIVED (idempotent on the request id) and announces `TxAccepted`; then, outside
-//! the transaction, it makes an "external call" (an idempotent upsert into `test_external_calls`,
-//! standing in for an RPC node) and records its result by moving the transaction to SIMULATED.
+//! A test stage for the runtime's tests, in the shape of every stage (decide / store through
+//! `txstore`): it consumes `TxRequest`s, records each as a managed transaction in RECEIVED
+//! (idempotent on the request id) and announces `TxAccepted`; then, outside the transaction, it
+//! makes an "external call" (an idempotent upsert into `test_external_calls`, standing in for an
+//! RPC node) and records its result with the move SIMULATE (audited as `TxSimulated`).
 
 use sqlx::PgPool;
 use txflow_core::codec::Subjects;
 use txflow_core::domain::{ChainId, Signer};
 use txflow_core::events::{TxAccepted, TxRequest};
 use txflow_core::fault;
-use txflow_core::fenced::{FENCE_PREDICATE, Fenced};
+use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
 use txflow_core::role::Role;
 use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
+use txflow_core::state::{SIMULATE, TxState};
+use txflow_core::txstore::{self, Audit, Kind, MoveRow, NewTx};
 
 pub struct TestStage {
     pub input: String,
@@ -27,6 +30,10 @@ pub async fn create_external_system(pool: &PgPool) -> Result<(), sqlx::Error> {
     .execute(pool)
     .await
     .map(|_| ())
+}
+
+fn stored(p: serde_json::Value) -> Result<TxAccepted, HandlerError> {
+    serde_json::from_value(p).map_err(|e| HandlerError::fail("CORRUPT_EVENT", e.to_string()))
 }
 
 impl Handler for TestStage {
@@ -54,43 +61,35 @@ impl Handler for TestStage {
 
     async fn handle(&self, w: &mut Fenced<'_>, r: &TxRequest) -> Result<Vec<Output>, HandlerError> {
         let tx_id = uuid::Uuid::new_v4();
-        let key = signer_key(r.chain_id, &r.signer);
+        let lease = w.lease().clone();
+        let key = signer_key(r.chain_id, lease.key().signer.as_str());
         let accepted = TxAccepted {
             event_id: uuid::Uuid::new_v4().to_string(),
             tx_id: tx_id.to_string(),
             request_id: r.request_id.clone(),
             chain_id: r.chain_id,
-            signer: key
-                .split_once(':')
-                .map(|(_, s)| s.to_string())
-                .unwrap_or_default(),
-            fencing_token: w.lease().token().0,
+            signer: lease.key().signer.as_str().to_string(),
+            fencing_token: lease.token().0,
             accepted_at_ms: chrono::Utc::now().timestamp_millis(),
         };
-        let payload =
-            serde_json::to_value(&accepted).map_err(|e| HandlerError::transient("encode", e))?;
-        let sql = format!(
-            "WITH ins AS (
-                 INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, payload, state, fencing_token)
-                 SELECT $6, $2, $3, $7, $8, 'RECEIVED', $5 WHERE {FENCE_PREDICATE}
-                 ON CONFLICT (chain_id, signer, request_id) DO NOTHING
-                 RETURNING tx_id)
-             INSERT INTO tx_events (event_id, tx_id, type, payload)
-             SELECT $9, tx_id, 'TxAccepted', $8 FROM ins
-             RETURNING tx_id"
-        );
+        let payload = serde_json::to_value(&accepted)
+            .map_err(|e| HandlerError::fail("ENCODE", e.to_string()))?;
         let event_id = uuid::Uuid::parse_str(&accepted.event_id)
-            .map_err(|e| HandlerError::transient("uuid", e))?;
-        let inserted: Vec<(uuid::Uuid,)> = w
-            .fetch_all("accept", &sql, |q| {
-                q.bind(tx_id)
-                    .bind(r.request_id.clone())
-                    .bind(payload.clone())
-                    .bind(event_id)
-            })
-            .await?;
-        let event = if inserted.is_empty() {
-            // A duplicate (re-emit the original announcement), or fenced.
+            .map_err(|e| HandlerError::fail("ENCODE", e.to_string()))?;
+        let row = NewTx {
+            tx_id,
+            request_id: r.request_id.clone(),
+            kind: Kind::Request,
+            nonce: None,
+            payload: payload.clone(),
+            audit: Audit {
+                event_id,
+                event_type: "TxAccepted",
+                payload,
+            },
+        };
+        let event = if txstore::create(w, &[row]).await?.is_empty() {
+            // A duplicate: re-emit the original announcement.
             let original: Vec<(serde_json::Value,)> = w
                 .read(
                     "accept",
@@ -99,14 +98,13 @@ impl Handler for TestStage {
                          WHERE m.chain_id = $1 AND m.signer = $2 AND m.request_id = $3",
                     )
                     .bind(r.chain_id)
-                    .bind(w.lease().key().signer.as_str().to_string())
+                    .bind(lease.key().signer.as_str().to_string())
                     .bind(r.request_id.clone()),
                 )
                 .await?;
             match original.into_iter().next() {
-                Some((p,)) => serde_json::from_value(p)
-                    .map_err(|e| HandlerError::transient("decode stored event", e))?,
-                None => return Err(w.fenced("accept").into()),
+                Some((p,)) => stored(p)?,
+                None => return Err(HandlerError::fail("CORRUPT_EVENT", "no TxAccepted")),
             }
         } else {
             accepted
@@ -120,11 +118,11 @@ impl Handler for TestStage {
     }
 
     async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-        let rows: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT DISTINCT chain_id, signer FROM managed_tx WHERE state = 'RECEIVED'",
-        )
-        .fetch_all(pool)
-        .await?;
+        let rows: Vec<(i64, String)> =
+            sqlx::query_as("SELECT DISTINCT chain_id, signer FROM managed_tx WHERE state = $1")
+                .bind(TxState::Received.as_str())
+                .fetch_all(pool)
+                .await?;
         Ok(rows
             .into_iter()
             .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
@@ -133,50 +131,41 @@ impl Handler for TestStage {
 
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
         let key = ctx.lease.key();
-        let pending: Vec<(uuid::Uuid,)> = sqlx::query_as(
-            "SELECT tx_id FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND state = 'RECEIVED' ORDER BY created_at",
+        let pending = txstore::rows_in_states(
+            ctx.pool,
+            key.chain_id,
+            &key.signer,
+            &[TxState::Received],
+            false,
+            i64::MAX,
         )
-        .bind(key.chain_id.0)
-        .bind(key.signer.as_str())
-        .fetch_all(ctx.pool)
         .await
-        .map_err(|e| HandlerError::transient("list pending", e))?;
-        for (tx_id,) in pending {
+        .map_err(|e| HandlerError::classified("list pending", e))?;
+        for row in pending {
             // The external call, outside any transaction; idempotent by its key.
             let (result,): (String,) = sqlx::query_as(
                 "INSERT INTO test_external_calls (key, calls, result) VALUES ($1, 1, 'ok:' || $1)
                  ON CONFLICT (key) DO UPDATE SET calls = test_external_calls.calls + 1
                  RETURNING result",
             )
-            .bind(tx_id.to_string())
+            .bind(row.tx_id.to_string())
             .fetch_one(ctx.pool)
             .await
             .map_err(|e| HandlerError::transient("external call", e))?;
             fault::point(fault::AFTER_CALL);
             // Record the result, fenced, as a compare-and-set on the state.
             let mut tx = ctx.lease.begin(ctx.pool).await?;
-            let sql = format!(
-                "UPDATE managed_tx SET state = 'SIMULATED', sub_state = $7, fencing_token = $5, updated_at = now()
-                 WHERE tx_id = $6 AND state = 'RECEIVED' AND {FENCE_PREDICATE}
-                 RETURNING tx_id"
-            );
-            let moved: Vec<(uuid::Uuid,)> = tx
-                .writer()
-                .fetch_all("record call", &sql, |q| q.bind(tx_id).bind(result.clone()))
-                .await?;
-            if !moved.is_empty() {
-                let sql = format!(
-                    "INSERT INTO tx_events (event_id, tx_id, type, payload)
-                     SELECT $6, $7, 'Called', jsonb_build_object('result', $8::text) WHERE {FENCE_PREDICATE}"
-                );
-                tx.writer()
-                    .execute("record call", &sql, |q| {
-                        q.bind(uuid::Uuid::new_v4())
-                            .bind(tx_id)
-                            .bind(result.clone())
-                    })
-                    .await?;
-            }
+            let audit = Audit {
+                event_id: uuid::Uuid::new_v4(),
+                event_type: SIMULATE.event,
+                payload: serde_json::json!({ "result": result }),
+            };
+            txstore::apply(
+                &mut tx.writer(),
+                SIMULATE,
+                &[MoveRow::new(row.tx_id, audit)],
+            )
+            .await?;
             tx.commit().await?;
         }
         Ok(Vec::new())

@@ -397,7 +397,7 @@ async fn a_crash_after_an_external_call_repeats_the_call_idempotently_and_record
         "the call was repeated"
     );
     assert_eq!(
-        f.count("SELECT count(*) FROM tx_events WHERE type = 'Called'")
+        f.count("SELECT count(*) FROM tx_events WHERE type = 'TxSimulated'")
             .await,
         1,
         "one result recorded"

@@ -53,7 +53,7 @@ impl Kind {
 #[derive(Debug, Clone)]
 pub struct Audit {
     pub event_id: Uuid,
-    /// `tx_events.type`.
+    /// `tx_events.type` of a created row; a move always writes its own [`Move::event`].
     pub event_type: &'static str,
     pub payload: serde_json::Value,
 }
@@ -173,7 +173,8 @@ pub async fn apply(
     let releases = m.to == TxState::Failed && m.from.iter().all(|s| s.holds_nonce());
     let ids: Vec<Uuid> = rows.iter().map(|r| r.tx_id).collect();
     let event_ids: Vec<Uuid> = rows.iter().map(|r| r.audit.event_id).collect();
-    let event_types: Vec<&str> = rows.iter().map(|r| r.audit.event_type).collect();
+    // The audit row of a move is always the move's own event type.
+    let event_types: Vec<&str> = vec![m.event; rows.len()];
     let events: Vec<serde_json::Value> = rows.iter().map(|r| r.audit.payload.clone()).collect();
     let nonces: Vec<Option<i64>> = rows.iter().map(|r| r.nonce).collect();
     let payloads: Vec<Option<serde_json::Value>> = rows.iter().map(|r| r.payload.clone()).collect();
