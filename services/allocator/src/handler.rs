@@ -24,7 +24,7 @@ use txflow_core::kafka::signer_key;
 use txflow_core::lease::HeldLease;
 use txflow_core::retry::Classify;
 use txflow_core::role::Role;
-use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
+use txflow_core::stage::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
 use txflow_core::state::{self, TxState};
 use txflow_core::txstore::{Audit, Kind, MoveRow, NewTx, TxRow};
 use uuid::Uuid;
@@ -152,47 +152,81 @@ impl Handler for RequestStage {
     }
 
     async fn handle(&self, w: &mut Fenced<'_>, r: &TxRequest) -> Result<Vec<Output>, HandlerError> {
-        let v = decide::validate(r, self.config.chain_id).map_err(HandlerError::Reject)?;
+        match self.handle_batch(w, &[r]).await?.pop() {
+            Some(result) => result,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// All of a signer's requests of a batch: validated one by one (a refusal is that message's
+    /// dead letter), recorded RECEIVED in one statement, and the duplicates' stored TxAccepted
+    /// read back in one more (re-emitted with their original `event_id`).
+    async fn handle_batch(&self, w: &mut Fenced<'_>, inputs: &[&TxRequest]) -> BatchResults {
         let lease = w.lease().clone();
-        let tx_id = Uuid::now_v7();
-        let accepted = TxAccepted {
-            event_id: new_event_id(),
-            tx_id: tx_id.to_string(),
-            request_id: r.request_id.clone(),
-            chain_id: v.chain_id.0,
-            signer: v.signer.as_str().to_string(),
-            fencing_token: lease.token().0,
-            accepted_at_ms: chrono::Utc::now().timestamp_millis(),
+        let key = self.key(&lease);
+        let mut results: Vec<Option<Result<Vec<Output>, HandlerError>>> =
+            inputs.iter().map(|_| None).collect();
+        let mut rows = Vec::with_capacity(inputs.len());
+        let mut announced = Vec::with_capacity(inputs.len());
+        for (k, r) in inputs.iter().enumerate() {
+            let v = match decide::validate(r, self.config.chain_id) {
+                Ok(v) => v,
+                Err(rejection) => {
+                    results[k] = Some(Err(HandlerError::Reject(rejection)));
+                    continue;
+                }
+            };
+            let tx_id = Uuid::now_v7();
+            let accepted = TxAccepted {
+                event_id: new_event_id(),
+                tx_id: tx_id.to_string(),
+                request_id: r.request_id.clone(),
+                chain_id: v.chain_id.0,
+                signer: v.signer.as_str().to_string(),
+                fencing_token: lease.token().0,
+                accepted_at_ms: chrono::Utc::now().timestamp_millis(),
+            };
+            rows.push(NewTx {
+                tx_id,
+                request_id: r.request_id.clone(),
+                kind: Kind::Request,
+                nonce: None,
+                payload: json(&decide::payload_of(&v))?,
+                audit: audit("TxAccepted", &accepted)?,
+            });
+            announced.push((k, tx_id, accepted));
+        }
+        let created = store::accept(w, &rows).await?;
+        // Duplicates (of an earlier batch, or of a message earlier in this one).
+        let duplicates: Vec<String> = announced
+            .iter()
+            .filter(|(_, tx_id, _)| !created.contains(tx_id))
+            .map(|(_, _, a)| a.request_id.clone())
+            .collect();
+        let stored = if duplicates.is_empty() {
+            Vec::new()
+        } else {
+            store::accepted_events(w, &duplicates).await?
         };
-        let row = NewTx {
-            tx_id,
-            request_id: r.request_id.clone(),
-            kind: Kind::Request,
-            nonce: None,
-            payload: json(&decide::payload_of(&v))?,
-            audit: audit("TxAccepted", &accepted)?,
-        };
-        let created = store::accept(w, &[row]).await?;
-        let accepted = if created.is_empty() {
-            // A duplicate: re-emit the original announcement (same event_id).
-            let stored = store::accepted_events(w, std::slice::from_ref(&r.request_id)).await?;
-            match stored.into_iter().next() {
-                Some((_, p)) => serde_json::from_value(p)
-                    .map_err(|e| HandlerError::fail("CORRUPT_EVENT", e.to_string()))?,
-                None => {
-                    return Err(HandlerError::fail(
+        for (k, tx_id, accepted) in announced {
+            let event = if created.contains(&tx_id) {
+                Ok(accepted)
+            } else {
+                match stored.iter().find(|(id, _)| *id == accepted.request_id) {
+                    Some((_, p)) => serde_json::from_value(p.clone())
+                        .map_err(|e| HandlerError::fail("CORRUPT_EVENT", e.to_string())),
+                    None => Err(HandlerError::fail(
                         "CORRUPT_EVENT",
                         format!(
                             "request {:?} is recorded without its TxAccepted",
-                            r.request_id
+                            accepted.request_id
                         ),
-                    ));
+                    )),
                 }
-            }
-        } else {
-            accepted
-        };
-        Ok(vec![self.outcome(&self.key(&lease), accepted)])
+            };
+            results[k] = Some(event.map(|e| vec![self.outcome(&key, e)]));
+        }
+        Ok(results.into_iter().flatten().collect())
     }
 
     async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {

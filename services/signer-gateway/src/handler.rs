@@ -15,7 +15,7 @@ use txflow_core::failure::{FailureCode, truncate_reason};
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
 use txflow_core::role::Role;
-use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
+use txflow_core::stage::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
 use txflow_core::txstore::TxRow;
 use uuid::Uuid;
 
@@ -58,13 +58,36 @@ impl Handler for SignStage {
         w: &mut Fenced<'_>,
         a: &TxAllocated,
     ) -> Result<Vec<Output>, HandlerError> {
-        let tx_id = Uuid::parse_str(&a.tx_id).map_err(|_| {
-            HandlerError::Reject(Rejection::new(
-                "INVALID_TX_ID",
-                format!("{:?} is not a transaction id", a.tx_id),
-            ))
-        })?;
-        self.sign_recorded(w, &[(tx_id, Some(a))]).await
+        match self.handle_batch(w, &[a]).await?.pop() {
+            Some(result) => result,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// All of a signer's TxAllocated of a batch: their rows locked and decided together, the
+    /// signatures and failures written with one statement each.
+    async fn handle_batch(&self, w: &mut Fenced<'_>, inputs: &[&TxAllocated]) -> BatchResults {
+        let mut requests = Vec::with_capacity(inputs.len());
+        let mut invalid = Vec::new();
+        for (k, a) in inputs.iter().enumerate() {
+            match Uuid::parse_str(&a.tx_id) {
+                Ok(tx_id) => requests.push((tx_id, Some(*a))),
+                Err(_) => invalid.push(k),
+            }
+        }
+        let mut answered = self.sign_recorded(w, &requests).await?.into_iter();
+        Ok((0..inputs.len())
+            .map(|k| {
+                if invalid.contains(&k) {
+                    Err(HandlerError::Reject(Rejection::new(
+                        "INVALID_TX_ID",
+                        format!("{:?} is not a transaction id", inputs[k].tx_id),
+                    )))
+                } else {
+                    answered.next().unwrap_or_else(|| Ok(Vec::new()))
+                }
+            })
+            .collect())
     }
 
     async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
@@ -88,8 +111,13 @@ impl Handler for SignStage {
         let requests: Vec<(Uuid, Option<&TxAllocated>)> =
             rows.iter().map(|r| (r.tx_id, None)).collect();
         let mut tx = ctx.lease.begin(ctx.pool).await?;
-        let outputs = self.sign_recorded(&mut tx.writer(), &requests).await?;
+        let answered = self.sign_recorded(&mut tx.writer(), &requests).await?;
         tx.commit().await?;
+        // No event claims anything here, so nothing is rejected.
+        let mut outputs = Vec::new();
+        for a in answered {
+            outputs.extend(a?);
+        }
         Ok(outputs)
     }
 }
@@ -100,6 +128,10 @@ enum Step {
     Failed(Failing),
     Reannounce(Uuid),
     Nothing,
+    Rejected(Rejection),
+    /// The same transaction as an earlier request of the batch (an event delivered twice): the
+    /// same announcement as that one's.
+    Same(usize),
 }
 
 impl SignStage {
@@ -110,7 +142,7 @@ impl SignStage {
         &self,
         w: &mut Fenced<'_>,
         requests: &[(Uuid, Option<&TxAllocated>)],
-    ) -> Result<Vec<Output>, HandlerError> {
+    ) -> Result<Vec<Result<Vec<Output>, HandlerError>>, HandlerError> {
         let lease_key = w.lease().key().clone();
         let token = w.lease().token().0;
         let ids: Vec<Uuid> = requests.iter().map(|(id, _)| *id).collect();
@@ -127,7 +159,13 @@ impl SignStage {
             token,
         };
         let mut steps = Vec::with_capacity(requests.len());
-        for &(tx_id, claimed) in requests {
+        let mut decided: HashMap<Uuid, usize> = HashMap::new();
+        for (k, &(tx_id, claimed)) in requests.iter().enumerate() {
+            if let Some(&first) = decided.get(&tx_id) {
+                steps.push(Step::Same(first));
+                continue;
+            }
+            decided.insert(tx_id, k);
             let row = by_id.get(&tx_id).copied();
             let decision = decide::decide(&Input {
                 tx_id,
@@ -139,7 +177,7 @@ impl SignStage {
                 key,
             });
             steps.push(match decision {
-                Decision::Reject(r) => return Err(HandlerError::Reject(r)),
+                Decision::Reject(r) => Step::Rejected(r),
                 Decision::Nothing => Step::Nothing,
                 Decision::Reannounce => Step::Reannounce(tx_id),
                 Decision::Sign {
@@ -183,7 +221,7 @@ impl SignStage {
                     signings.push(s.clone());
                 }
                 Step::Failed(f) => failings.push(f.clone()),
-                Step::Reannounce(_) | Step::Nothing => {}
+                Step::Reannounce(_) | Step::Nothing | Step::Rejected(_) | Step::Same(_) => {}
             }
         }
         store::sign(w, &signings).await?;
@@ -209,29 +247,48 @@ impl SignStage {
             stored.entry(tx_id).or_default().push(e);
         }
 
-        // Outputs.
+        // Outputs, one list per request.
         let key = signer_key(lease_key.chain_id.0, lease_key.signer.as_str());
         let topics = &self.config.topics;
-        Ok(steps
-            .into_iter()
-            .filter_map(|step| match step {
-                Step::Signed(s) => Some(Output::new(
-                    topics.tx_signed(),
-                    Subjects::TopicName,
-                    key.clone(),
-                    s.event,
-                )),
-                Step::Failed(f) => Some(Output::new(
-                    topics.tx_outcomes(),
-                    Subjects::TopicRecordName,
-                    key.clone(),
-                    f.event,
-                )),
-                Step::Reannounce(tx_id) => decide::latest_signed(stored.remove(&tx_id)?)
-                    .map(|e| Output::new(topics.tx_signed(), Subjects::TopicName, key.clone(), e)),
-                Step::Nothing => None,
-            })
-            .collect())
+        let signed =
+            |e: TxSigned| Output::new(topics.tx_signed(), Subjects::TopicName, key.clone(), e);
+        let failed = |e: TxFailed| {
+            Output::new(
+                topics.tx_outcomes(),
+                Subjects::TopicRecordName,
+                key.clone(),
+                e,
+            )
+        };
+        let event_of = |step: &Step| -> Option<Result<TxSigned, TxFailed>> {
+            match step {
+                Step::Signed(s) => Some(Ok(s.event.clone())),
+                Step::Failed(f) => Some(Err(f.event.clone())),
+                Step::Reannounce(tx_id) => stored
+                    .get(tx_id)
+                    .cloned()
+                    .and_then(decide::latest_signed)
+                    .map(Ok),
+                Step::Nothing | Step::Rejected(_) | Step::Same(_) => None,
+            }
+        };
+        let mut results = Vec::with_capacity(steps.len());
+        for step in &steps {
+            let event = match step {
+                Step::Rejected(r) => {
+                    results.push(Err(HandlerError::Reject(r.clone())));
+                    continue;
+                }
+                Step::Same(first) => event_of(&steps[*first]),
+                other => event_of(other),
+            };
+            results.push(Ok(match event {
+                Some(Ok(e)) => vec![signed(e)],
+                Some(Err(e)) => vec![failed(e)],
+                None => Vec::new(),
+            }));
+        }
+        Ok(results)
     }
 }
 

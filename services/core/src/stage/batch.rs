@@ -296,26 +296,56 @@ impl<H: Handler> StageRuntime<H> {
             let mut signer_outputs = Vec::new();
             let mut signer_rejected = Vec::new();
             let mut failed: Option<(usize, HandlerError)> = None;
-            for &i in idxs {
-                let span = tracing::debug_span!(
-                    "handle",
-                    role = %self.handler.role(),
-                    signer = %signer.1,
-                    chain_id = signer.0.0,
-                    fencing_token = lease.token().0,
-                    offset = items[i].offset,
-                );
-                match self
-                    .handler
-                    .handle(&mut scope.writer(), &items[i].input)
-                    .instrument(span)
-                    .await
-                {
-                    Ok(outs) => signer_outputs.push((i, outs)),
-                    Err(HandlerError::Reject(r)) => signer_rejected.push((i, r)),
-                    Err(e) => {
-                        failed = Some((i, e));
-                        break;
+            let span = tracing::debug_span!(
+                "handle",
+                role = %self.handler.role(),
+                signer = %signer.1,
+                chain_id = signer.0.0,
+                fencing_token = lease.token().0,
+                messages = idxs.len(),
+                first_offset = idxs.first().map(|&i| items[i].offset),
+            );
+            let inputs: Vec<&H::Input> = idxs.iter().map(|&i| &items[i].input).collect();
+            match self
+                .handler
+                .handle_batch(&mut scope.writer(), &inputs)
+                .instrument(span)
+                .await
+            {
+                // For the whole call: it stands for the signer's first message.
+                Err(e) => failed = Some((idxs[0], e)),
+                Ok(results) => {
+                    if results.len() < idxs.len()
+                        && !results.iter().any(|r| {
+                            r.as_ref()
+                                .is_err_and(|e| !matches!(e, HandlerError::Reject(_)))
+                        })
+                    {
+                        // A handler that answered for fewer messages than it was given, without
+                        // an error: never let the others' offsets move on unapplied.
+                        tracing::error!(signer = %signer.1, given = idxs.len(), answered = results.len(),
+                            "handle_batch answered for fewer messages than given; retrying them");
+                        failed = Some((
+                            idxs[results.len()],
+                            HandlerError::retry_after(
+                                Duration::ZERO,
+                                "handle_batch",
+                                std::io::Error::other("fewer results than messages"),
+                            ),
+                        ));
+                    }
+                    for (&i, result) in idxs.iter().zip(results) {
+                        if failed.is_some() {
+                            break;
+                        }
+                        match result {
+                            Ok(outs) => signer_outputs.push((i, outs)),
+                            Err(HandlerError::Reject(r)) => signer_rejected.push((i, r)),
+                            Err(e) => {
+                                failed = Some((i, e));
+                                break;
+                            }
+                        }
                     }
                 }
             }

@@ -228,6 +228,9 @@ pub struct DriveCtx<'a> {
     pub recovery: bool,
 }
 
+/// What [`Handler::handle_batch`] answers: one result per message, or one error for the call.
+pub type BatchResults = Result<Vec<Result<Vec<Output>, HandlerError>>, HandlerError>;
+
 /// A stage's logic, plugged into the runtime.
 pub trait Handler: Send + Sync + 'static {
     type Input: Event;
@@ -248,6 +251,34 @@ pub trait Handler: Send + Sync + 'static {
         w: &mut Fenced<'_>,
         input: &Self::Input,
     ) -> impl Future<Output = Result<Vec<Output>, HandlerError>> + Send;
+
+    /// Applies all of one signer's messages of a batch, in offset order, inside its savepoint:
+    /// what the runtime calls. Returns one result per message, in order; a result list shorter
+    /// than `inputs` means the messages after the last result were not applied (they are retried
+    /// with the rest of the signer's messages when a result is an error other than `Reject`). An
+    /// `Err` for the whole call stands for the first message (and, unless it is a `Fail`, for all
+    /// of them). The default calls [`Handler::handle`] for each message, stopping at the first
+    /// error that is not a rejection; a stage overrides it to write all of them with set-based
+    /// statements.
+    fn handle_batch(
+        &self,
+        w: &mut Fenced<'_>,
+        inputs: &[&Self::Input],
+    ) -> impl Future<Output = BatchResults> + Send {
+        async move {
+            let mut results = Vec::with_capacity(inputs.len());
+            for input in inputs {
+                match self.handle(w, input).await {
+                    Err(e) if !matches!(e, HandlerError::Reject(_)) => {
+                        results.push(Err(e));
+                        break;
+                    }
+                    r => results.push(r),
+                }
+            }
+            Ok(results)
+        }
+    }
 
     /// Signers with work in this stage's input states in PostgreSQL (the recovery scan).
     fn pending_signers(
@@ -281,6 +312,13 @@ impl<H: Handler> Handler for Arc<H> {
         input: &Self::Input,
     ) -> impl Future<Output = Result<Vec<Output>, HandlerError>> + Send {
         (**self).handle(w, input)
+    }
+    fn handle_batch(
+        &self,
+        w: &mut Fenced<'_>,
+        inputs: &[&Self::Input],
+    ) -> impl Future<Output = BatchResults> + Send {
+        (**self).handle_batch(w, inputs)
     }
     fn pending_signers(
         &self,

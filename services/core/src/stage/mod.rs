@@ -55,7 +55,7 @@ use crate::telemetry;
 
 pub use config::{StageConfig, signers_in_states};
 pub use consumer::StageContext;
-pub use handler::{DriveCtx, Handler, HandlerError, Output, Rejection};
+pub use handler::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
 pub use produce::child_traceparent;
 
 use consumer::{Polled, RebalanceEvent};
