@@ -44,7 +44,7 @@ use txflow_core::events::{Event, TxAllocated, TxRequest, TxSigned};
 use txflow_core::kafka::{KafkaSettings, Topics, delete_topics, ensure_topics, signer_key};
 use txflow_core::lease::{Acquisition, LeaseConfig, LeaseManager};
 use txflow_core::policy::Policy;
-use txflow_core::stage::{DriveCtx, Handler, StageConfig, StageRuntime};
+use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, StageConfig, StageRuntime};
 use txflow_tests::fake_chain::FakeChain;
 use txflow_tests::test_stage::{TestStage, create_external_system};
 use txflow_tests::{TestDb, group_consumer, kafka_settings, producer, registry_url, unique};
@@ -1008,6 +1008,67 @@ async fn wait_driven<F: Fixture>(env: &Env, n: u32, what: &str) {
     txflow_tests::wait_until(&format!("{}: {what}", F::NAME), LONG, || F::driven(env, n)).await;
 }
 
+/// 5. The same message twice in one batch (an event re-emitted upstream, both copies fetched
+/// together) is applied once: both copies answer with the same announcement (same `event_id`s),
+/// and a third copy in a later batch answers the same again and changes nothing.
+async fn twice_in_one_batch<F: Fixture>() {
+    let env = Env::new::<F>().await;
+    let pool = env.db.pool.clone();
+    let stage = F::stage(&env);
+    let message = F::message(&env, 1).await;
+    let signer = Signer::parse(&env.signer()).expect("signer");
+    let manager = LeaseManager::new(
+        pool.clone(),
+        stage.role(),
+        NodeId::named(format!("twice-{}", uuid::Uuid::new_v4())),
+        LeaseConfig::default(),
+    )
+    .expect("lease manager");
+    let lease = match manager
+        .acquire(ChainId(CHAIN_ID), &signer)
+        .await
+        .expect("acquire the lease")
+    {
+        Acquisition::Held(l, _) => l,
+        busy => panic!("{}: lease not acquired: {busy:?}", F::NAME),
+    };
+    let ids = |r: &Result<Vec<Output>, HandlerError>| -> Vec<String> {
+        match r {
+            Ok(outputs) => outputs.iter().map(|o| o.event_id.clone()).collect(),
+            Err(e) => panic!("{}: a valid message failed: {e:?}", F::NAME),
+        }
+    };
+    let mut tx = lease.begin(&pool).await.expect("begin");
+    let both = stage
+        .handle_batch(&mut tx.writer(), &[&message, &message])
+        .await
+        .unwrap_or_else(|e| panic!("{}: the batch failed: {e:?}", F::NAME));
+    tx.commit().await.expect("commit");
+    assert_eq!(both.len(), 2, "{}: one result per message", F::NAME);
+    assert_eq!(
+        ids(&both[0]),
+        ids(&both[1]),
+        "{}: both copies announce the same",
+        F::NAME
+    );
+    let once = env.snapshot().await;
+
+    let mut tx = lease.begin(&pool).await.expect("begin");
+    let again = stage
+        .handle_batch(&mut tx.writer(), &[&message])
+        .await
+        .unwrap_or_else(|e| panic!("{}: the later batch failed: {e:?}", F::NAME));
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        ids(&again[0]),
+        ids(&both[0]),
+        "{}: a later copy too",
+        F::NAME
+    );
+    assert_eq!(env.snapshot().await, once, "{}: nothing changed", F::NAME);
+    env.finish().await;
+}
+
 macro_rules! conformance {
     ($stage:ident, $fixture:ty) => {
         mod $stage {
@@ -1031,6 +1092,11 @@ macro_rules! conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn the_recovery_scan_re_drives_recorded_work() {
                 recovery::<$fixture>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_message_twice_in_one_batch_is_applied_once() {
+                twice_in_one_batch::<$fixture>().await;
             }
         }
     };
