@@ -16,6 +16,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 use txflow_core::codec::{RegistryCodec, Subjects};
 use txflow_core::config::Config;
+use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
 use txflow_core::events::{TxCommand, TxCommandKind, TxRequest};
 use txflow_core::kafka::{Topics, ensure_topics, signer_key};
@@ -116,9 +117,15 @@ impl Pipeline {
         LeaseConfig::default()
     }
 
+    /// The clients of a stage started with `config` (each start has its own, like a process).
+    async fn deps(config: &Config, stages: u32) -> Deps {
+        Deps::connect(config, stages).await.expect("clients")
+    }
+
     /// The allocator (requests and commands) in this process, as node `name`.
     pub async fn start_allocator(&mut self, config: &Config, name: &str) {
-        let (a, c) = txflow_allocator::runtimes(config, NodeId::named(name), Self::lease())
+        let deps = Self::deps(config, 2).await;
+        let (a, c) = txflow_allocator::runtimes(&deps, NodeId::named(name), Self::lease())
             .await
             .expect("allocator");
         let (t1, t2) = (self.shutdown.clone(), self.shutdown.clone());
@@ -132,8 +139,9 @@ impl Pipeline {
 
     /// The signer gateway in this process, with the keys of [`Pipeline::signers`].
     pub async fn start_signer_gateway(&mut self, config: &Config) {
+        let deps = Self::deps(config, 1).await;
         let s = txflow_signer_gateway::runtime(
-            config,
+            &deps,
             Keys::from_signers(self.signers.clone()),
             NodeId::named("sign-1"),
             Self::lease(),
@@ -148,7 +156,8 @@ impl Pipeline {
 
     /// The broadcaster in this process.
     pub async fn start_broadcaster(&mut self, config: &Config) {
-        let b = txflow_broadcaster::runtime(config, NodeId::named("bcast-1"), Self::lease())
+        let deps = Self::deps(config, 1).await;
+        let b = txflow_broadcaster::runtime(&deps, NodeId::named("bcast-1"), Self::lease())
             .await
             .expect("broadcaster");
         let t = self.shutdown.clone();

@@ -1008,9 +1008,9 @@ async fn wait_driven<F: Fixture>(env: &Env, n: u32, what: &str) {
     txflow_tests::wait_until(&format!("{}: {what}", F::NAME), LONG, || F::driven(env, n)).await;
 }
 
-/// 5. The same message twice in one batch (an event re-emitted upstream, both copies fetched
-/// together) is applied once: both copies answer with the same announcement (same `event_id`s),
-/// and a third copy in a later batch answers the same again and changes nothing.
+/// Check 5: the same message twice in one batch (an event re-emitted upstream, both copies
+/// fetched together) is applied once: both copies answer with the same announcement (same
+/// `event_id`s), and a third copy in a later batch answers the same again and changes nothing.
 async fn twice_in_one_batch<F: Fixture>() {
     let env = Env::new::<F>().await;
     let pool = env.db.pool.clone();

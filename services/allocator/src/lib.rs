@@ -15,8 +15,7 @@ pub mod store;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
-use txflow_core::codec::RegistryCodec;
-use txflow_core::config::Config;
+use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
 use txflow_core::lease::{LeaseConfig, LeaseManager};
 use txflow_core::role::{Role, RoleError};
@@ -26,41 +25,41 @@ pub use config::AllocatorConfig;
 pub use handler::{CommandStage, RequestStage};
 pub use txflow_core::policy::{Policy, Verdict};
 
-/// The allocator's two stage runtimes for `config`: requests and commands.
+/// The allocator's two stage runtimes on `deps`: requests and commands.
 pub async fn runtimes(
-    config: &Config,
+    deps: &Deps,
     node: NodeId,
     lease: LeaseConfig,
 ) -> Result<(StageRuntime<Arc<RequestStage>>, StageRuntime<CommandStage>), RoleError> {
-    let pool = txflow_core::db::connect(&config.database_url, 8).await?;
+    let config = &deps.config;
     let stage = Arc::new(RequestStage {
         config: AllocatorConfig::from_config(config)?,
-        chain: Arc::new(config.chain()?),
+        chain: deps.chain.clone(),
     });
-    let codec = RegistryCodec::new(&config.schema_registry_url);
     let stage_config = |group: &str| StageConfig::for_pipeline(config, group, lease);
     let requests = StageRuntime::new(
         stage.clone(),
-        pool.clone(),
-        codec.clone(),
+        deps.pool.clone(),
+        deps.codec.clone(),
         config.kafka.clone(),
-        LeaseManager::new(pool.clone(), Role::Allocator, node.clone(), lease)?,
+        LeaseManager::new(deps.pool.clone(), Role::Allocator, node.clone(), lease)?,
         stage_config("allocator"),
     );
     let commands = StageRuntime::new(
         CommandStage { requests: stage },
-        pool.clone(),
-        codec,
+        deps.pool.clone(),
+        deps.codec.clone(),
         config.kafka.clone(),
-        LeaseManager::new(pool, Role::Allocator, node, lease)?,
+        LeaseManager::new(deps.pool.clone(), Role::Allocator, node, lease)?,
         stage_config("allocator.commands"),
     );
     Ok((requests, commands))
 }
 
-/// Runs the role until `shutdown`.
-pub async fn run_until(config: &Config, shutdown: CancellationToken) -> Result<(), RoleError> {
-    let (requests, commands) = runtimes(config, config.node(), config.lease()).await?;
+/// Runs the role on `deps` until `shutdown`: the batches in hand finish and the leases are
+/// released.
+pub async fn run_until(deps: &Deps, shutdown: CancellationToken) -> Result<(), RoleError> {
+    let (requests, commands) = runtimes(deps, deps.config.node(), deps.config.lease()).await?;
     let (a, b) = tokio::join!(
         requests.run(shutdown.child_token()),
         commands.run(shutdown.child_token())
@@ -68,9 +67,4 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> Result<(
     a?;
     b?;
     Ok(())
-}
-
-/// Runs the role until Ctrl-C.
-pub async fn run(config: &Config) -> Result<(), RoleError> {
-    run_until(config, txflow_core::stage::ctrl_c_token()).await
 }

@@ -26,11 +26,8 @@ pub mod decide;
 pub mod handler;
 pub mod store;
 
-use std::sync::Arc;
-
 use tokio_util::sync::CancellationToken;
-use txflow_core::codec::RegistryCodec;
-use txflow_core::config::Config;
+use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
 use txflow_core::lease::{LeaseConfig, LeaseManager};
 use txflow_core::role::{Role, RoleError};
@@ -39,35 +36,29 @@ use txflow_core::stage::{StageConfig, StageRuntime};
 pub use config::BroadcasterConfig;
 pub use handler::{BroadcastError, BroadcastStage};
 
-/// The broadcaster's stage runtime for `config`.
+/// The broadcaster's stage runtime on `deps`.
 pub async fn runtime(
-    config: &Config,
+    deps: &Deps,
     node: NodeId,
     lease: LeaseConfig,
 ) -> Result<StageRuntime<BroadcastStage>, RoleError> {
-    let pool = txflow_core::db::connect(&config.database_url, 8).await?;
-    let chain = Arc::new(config.chain()?);
-    let leases = LeaseManager::new(pool.clone(), Role::Broadcaster, node, lease)?;
+    let config = &deps.config;
+    let leases = LeaseManager::new(deps.pool.clone(), Role::Broadcaster, node, lease)?;
     let sc = StageConfig::for_pipeline(config, "broadcaster", lease);
-    let stage = BroadcastStage::new(BroadcasterConfig::from_config(config), chain);
+    let stage = BroadcastStage::new(BroadcasterConfig::from_config(config), deps.chain.clone());
     Ok(StageRuntime::new(
         stage,
-        pool,
-        RegistryCodec::new(&config.schema_registry_url),
+        deps.pool.clone(),
+        deps.codec.clone(),
         config.kafka.clone(),
         leases,
         sc,
     ))
 }
 
-/// Runs the role until `shutdown`.
-pub async fn run_until(config: &Config, shutdown: CancellationToken) -> Result<(), RoleError> {
-    let rt = runtime(config, config.node(), config.lease()).await?;
+/// Runs the role on `deps` until `shutdown`.
+pub async fn run_until(deps: &Deps, shutdown: CancellationToken) -> Result<(), RoleError> {
+    let rt = runtime(deps, deps.config.node(), deps.config.lease()).await?;
     rt.run(shutdown).await?;
     Ok(())
-}
-
-/// Runs the role until Ctrl-C.
-pub async fn run(config: &Config) -> Result<(), RoleError> {
-    run_until(config, txflow_core::stage::ctrl_c_token()).await
 }

@@ -20,9 +20,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
+use crate::domain::Role;
 use crate::domain::{ChainId, FencingToken, NodeId, Signer};
 use crate::retry::{Classify, Retry};
-use crate::domain::Role;
 use crate::telemetry;
 
 /// `lease.duration`, `lease.renew_interval`, `lease.clock_skew` (seed 001 §4.1).

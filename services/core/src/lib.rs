@@ -20,6 +20,7 @@ pub mod chain;
 pub mod codec;
 pub mod config;
 pub mod db;
+pub mod deps;
 pub mod domain;
 pub mod fault;
 pub mod fenced;

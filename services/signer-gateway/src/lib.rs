@@ -30,50 +30,44 @@ pub use handler::SignStage;
 pub use keys::{KeyError, Keys};
 
 use tokio_util::sync::CancellationToken;
-use txflow_core::codec::RegistryCodec;
-use txflow_core::config::Config;
+use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
 use txflow_core::lease::{LeaseConfig, LeaseManager};
 use txflow_core::role::{Role, RoleError};
 use txflow_core::stage::{StageConfig, StageRuntime};
 
-/// The signer gateway's stage runtime for `config` with `keys`.
+/// The signer gateway's stage runtime on `deps`, with `keys`.
 pub async fn runtime(
-    config: &Config,
+    deps: &Deps,
     keys: Keys,
     node: NodeId,
     lease: LeaseConfig,
 ) -> Result<StageRuntime<SignStage>, RoleError> {
-    let pool = txflow_core::db::connect(&config.database_url, 8).await?;
-    let leases = LeaseManager::new(pool.clone(), Role::SignerGateway, node, lease)?;
+    let config = &deps.config;
+    let leases = LeaseManager::new(deps.pool.clone(), Role::SignerGateway, node, lease)?;
     let sc = StageConfig::for_pipeline(config, "signer-gateway", lease);
     let stage = SignStage::new(SignerConfig::from_config(config)?, keys);
     Ok(StageRuntime::new(
         stage,
-        pool,
-        RegistryCodec::new(&config.schema_registry_url),
+        deps.pool.clone(),
+        deps.codec.clone(),
         config.kafka.clone(),
         leases,
         sc,
     ))
 }
 
-/// Runs the role until `shutdown`.
-pub async fn run_until(config: &Config, shutdown: CancellationToken) -> Result<(), RoleError> {
-    let keys = Keys::load(config)?;
+/// Runs the role on `deps` until `shutdown`, with the keys of its configuration.
+pub async fn run_until(deps: &Deps, shutdown: CancellationToken) -> Result<(), RoleError> {
+    let keys = Keys::load(&deps.config)?;
     if keys.is_empty() {
         tracing::warn!(
-            "no signing keys: set TXFLOW_SIGNER_KEYS or TXFLOW_SIGNER_KEYSTORE; every allocation will be dead-lettered with NO_SIGNING_KEY"
+            "no signing keys: set TXFLOW_SIGNER_KEYS or TXFLOW_SIGNER_KEYSTORE; every allocated transaction will be FAILED with NO_SIGNING_KEY and its nonce released"
         );
     } else {
         tracing::info!(signers = ?keys.addresses(), "signing keys loaded");
     }
-    let rt = runtime(config, keys, config.node(), config.lease()).await?;
+    let rt = runtime(deps, keys, deps.config.node(), deps.config.lease()).await?;
     rt.run(shutdown).await?;
     Ok(())
-}
-
-/// Runs the role until Ctrl-C.
-pub async fn run(config: &Config) -> Result<(), RoleError> {
-    run_until(config, txflow_core::stage::ctrl_c_token()).await
 }

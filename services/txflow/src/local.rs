@@ -61,12 +61,17 @@ impl LocalPipeline {
                 .collect::<Vec<_>>()
                 .join(","),
         );
+        let stages: u32 = Role::PIPELINE
+            .iter()
+            .map(|r| crate::roles::stages_of(*r))
+            .sum();
+        let deps = crate::roles::deps(&config, stages).await?;
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
         for role in Role::PIPELINE {
-            let (config, token) = (config.clone(), shutdown.child_token());
+            let (deps, token) = (deps.clone(), shutdown.child_token());
             tasks.push(tokio::spawn(async move {
-                crate::roles::run_role(role, &config, token).await
+                crate::roles::run_role(role, &deps, token).await
             }));
         }
         Ok(LocalPipeline {

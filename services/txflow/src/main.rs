@@ -108,8 +108,13 @@ fn config(global: &Global) -> anyhow::Result<Config> {
     Ok(c)
 }
 
+/// One role in this process: its clients built once, stopped by SIGINT or SIGTERM.
 async fn run_role(role: Role, config: &Config) -> anyhow::Result<()> {
-    roles::run_role(role, config, roles::shutdown_root()?).await
+    if !Role::PIPELINE.contains(&role) {
+        return roles::run_unbuilt(role, config).await;
+    }
+    let deps = roles::deps(config, roles::stages_of(role)).await?;
+    roles::run_role(role, &deps, roles::shutdown_root()?).await
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -45,12 +45,18 @@ pub async fn run(config: &Config, mut args: UpArgs) -> anyhow::Result<()> {
         crate::roles::shutdown_root()?
     };
     let mut running = tokio::task::JoinSet::new();
+    // One set of clients for every role of this process.
+    let stages: u32 = Role::PIPELINE
+        .iter()
+        .map(|r| crate::roles::stages_of(*r))
+        .sum();
+    let deps = crate::roles::deps(config, stages).await?;
     for role in Role::ALL {
-        let config = config.clone();
+        let deps = deps.clone();
         let token = shutdown.child_token();
         running.spawn(async move {
             // The role stops itself on the token: it finishes its batch and releases its leases.
-            (role, crate::roles::run_role(role, &config, token).await)
+            (role, crate::roles::run_role(role, &deps, token).await)
         });
     }
     // Roles that end on their own (not implemented yet, or failed) are reported as they end.

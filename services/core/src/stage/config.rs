@@ -2,9 +2,6 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
-
-use crate::domain::{ChainId, Signer};
 use crate::lease::LeaseConfig;
 
 /// Settings of one stage instance.
@@ -60,24 +57,4 @@ impl StageConfig {
         sc.topics = config.topics.all();
         sc
     }
-}
-
-/// The signers of `chain_id` with transactions in any of `states`: what most stages'
-/// [`Handler::pending_signers`](super::Handler::pending_signers) return.
-pub async fn signers_in_states(
-    pool: &PgPool,
-    chain_id: ChainId,
-    states: &[&str],
-) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-    let rows: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT DISTINCT chain_id, signer FROM managed_tx WHERE chain_id = $1 AND state = ANY($2)",
-    )
-    .bind(chain_id.0)
-    .bind(states)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
-        .collect())
 }

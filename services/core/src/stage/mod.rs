@@ -19,7 +19,7 @@
 //! The modules:
 //! - [`handler`]: the API the stages implement (`Handler`, `HandlerError`, `Output`, `Rejection`,
 //!   `DriveCtx`) — API boundary: the role crates use this and [`StageConfig`], nothing else;
-//! - [`config`]: the stage's settings and `signers_in_states`;
+//! - [`config`]: the stage's settings;
 //! - `consumer`: the consumer context (rebalances) and polling a batch;
 //! - `batch`: processing one batch;
 //! - [`offsets`]: pure offset planning (which offset to store, where to rewind);
@@ -53,7 +53,7 @@ use crate::lease::{LeaseError, LeaseManager};
 use crate::retry::{Classify, Retry};
 use crate::telemetry;
 
-pub use config::{StageConfig, signers_in_states};
+pub use config::StageConfig;
 pub use consumer::StageContext;
 pub use handler::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
 pub use produce::child_traceparent;
@@ -61,17 +61,6 @@ pub use produce::child_traceparent;
 use consumer::{Polled, RebalanceEvent};
 use leases::HeldLeases;
 use offsets::Settled;
-
-/// A token cancelled on Ctrl-C, for a role run from the command line.
-pub fn ctrl_c_token() -> CancellationToken {
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        t.cancel();
-    });
-    token
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {

@@ -1,0 +1,43 @@
+//! The clients a process shares between its roles, built once in `main` (or by a test harness)
+//! and handed to every stage: the PostgreSQL pool, the Schema Registry codec, the chain's RPC
+//! client (its endpoint health is then shared too) and the configuration they came from.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use crate::chain::ChainClient;
+use crate::codec::RegistryCodec;
+use crate::config::Config;
+use crate::role::RoleError;
+
+/// Connections per stage runtime a process runs (a batch transaction, drives, the recovery scan).
+pub const CONNECTIONS_PER_STAGE: u32 = 8;
+
+#[derive(Clone, Debug)]
+pub struct Deps {
+    pub config: Config,
+    pub pool: PgPool,
+    pub codec: RegistryCodec,
+    pub chain: Arc<dyn ChainClient>,
+}
+
+impl Deps {
+    /// Connects for `stages` stage runtimes (the pool holds [`CONNECTIONS_PER_STAGE`] each).
+    pub async fn connect(config: &Config, stages: u32) -> Result<Deps, RoleError> {
+        let pool =
+            crate::db::connect(&config.database_url, CONNECTIONS_PER_STAGE * stages.max(1)).await?;
+        Ok(Deps {
+            config: config.clone(),
+            pool,
+            codec: RegistryCodec::new(&config.schema_registry_url),
+            chain: Arc::new(config.chain()?),
+        })
+    }
+
+    /// The same clients with another chain client (a test's scripted chain).
+    pub fn with_chain(mut self, chain: Arc<dyn ChainClient>) -> Deps {
+        self.chain = chain;
+        self
+    }
+}
