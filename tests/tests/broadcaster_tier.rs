@@ -1,0 +1,602 @@
+//! The broadcaster's middle tier: `BroadcastStage::drive` called directly, against a real
+//! PostgreSQL (a fresh database per test, `TestDb`) and the scripted in-memory chain
+//! (`txflow_tests::fake_chain`), with a broadcaster lease from `LeaseManager`. No broker: the
+//! outputs `drive` returns are checked as values.
+//!
+//! Each test seeds SIGNED transactions as the signer gateway leaves them (a `managed_tx` row and
+//! its attempt 1 with a really signed raw transaction, at the nonce the fake chain expects),
+//! scripts the node's answer, drives, and checks what PostgreSQL and the chain hold afterwards —
+//! never the code's own counters.
+//!
+//! 1. A permanent refusal fails the transaction (SEND_REJECTED) and releases its nonce.
+//! 2. A retryable refusal changes nothing; a later drive submits.
+//! 3. Insufficient funds holds the signer and fails nothing; a later drive submits and clears it.
+//! 4. "nonce too low" for a transaction the chain does not know: REPLACED when the chain's nonce
+//!    is past ours, undecided (still SIGNED) when it is not.
+//! 5. A drive under a stolen lease is `LeaseLost` and writes nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use alloy::primitives::{Address, B256, Bytes, U256};
+use alloy::signers::local::PrivateKeySigner;
+use serde_json::Value;
+use txflow_broadcaster::{BroadcastStage, BroadcasterConfig};
+use txflow_core::chain::{SendOutcome, UnsignedTx, sign};
+use txflow_core::domain::{ChainId, NodeId, Signer, TxPayload};
+use txflow_core::kafka::{Topics, signer_key};
+use txflow_core::lease::{Acquisition, HeldLease, LeaseConfig, LeaseManager};
+use txflow_core::role::Role;
+use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output};
+use txflow_tests::fake_chain::FakeChain;
+use txflow_tests::{TestDb, unique};
+use uuid::Uuid;
+
+const CHAIN_ID: i64 = 31337;
+const SINK: &str = "0x000000000000000000000000000000000000dead";
+const MAX_FEE: u128 = 2_000_000_000;
+const TIP: u128 = 1_000_000_000;
+
+/// A SIGNED transaction seeded by [`Tier::seed_signed`].
+struct Seeded {
+    tx_id: Uuid,
+    request_id: String,
+    nonce: i64,
+    hash: B256,
+    raw: Vec<u8>,
+}
+
+/// `managed_tx` columns a drive may change.
+#[derive(Debug, PartialEq, Eq)]
+struct TxRow {
+    state: String,
+    failure_code: Option<String>,
+    nonce_released: bool,
+    fencing_token: Option<i64>,
+}
+
+/// One `tx_events` row.
+#[derive(Debug)]
+struct EventRow {
+    event_id: Uuid,
+    kind: String,
+    payload: Value,
+}
+
+/// The database, the fake chain, the signer, the stage and the broadcaster lease of one test.
+struct Tier {
+    db: TestDb,
+    chain: Arc<FakeChain>,
+    key: PrivateKeySigner,
+    topics: Topics,
+    stage: BroadcastStage,
+    lease: HeldLease,
+}
+
+/// A lease manager of the broadcaster role for a node of its own.
+fn manager(pool: &sqlx::PgPool, name: &str) -> LeaseManager {
+    LeaseManager::new(
+        pool.clone(),
+        Role::Broadcaster,
+        NodeId::named(format!("{name}-{}", Uuid::new_v4())),
+        LeaseConfig::default(),
+    )
+    .expect("lease manager")
+}
+
+async fn acquire(m: &LeaseManager, signer: &Signer) -> HeldLease {
+    match m
+        .acquire(ChainId(CHAIN_ID), signer)
+        .await
+        .expect("acquire the lease")
+    {
+        Acquisition::Held(lease, _) => lease,
+        busy => panic!("lease not acquired: {busy:?}"),
+    }
+}
+
+impl Tier {
+    async fn new() -> Tier {
+        let db = TestDb::new().await;
+        let chain = Arc::new(FakeChain::new());
+        let key = PrivateKeySigner::random();
+        let topics = Topics::new(unique("broadcaster-tier"));
+        let stage = BroadcastStage::new(
+            BroadcasterConfig {
+                chain_id: ChainId(CHAIN_ID),
+                topics: topics.clone(),
+                // Not within a test: a resubmission would be one more send to account for.
+                resubmit_interval: Duration::from_secs(3600),
+            },
+            chain.clone(),
+        );
+        let signer = Signer::parse(&format!("{:#x}", key.address())).expect("signer");
+        let lease = acquire(&manager(&db.pool, "owner"), &signer).await;
+        Tier {
+            db,
+            chain,
+            key,
+            topics,
+            stage,
+            lease,
+        }
+    }
+
+    fn address(&self) -> Address {
+        self.key.address()
+    }
+
+    /// The signer, lowercase 0x-hex.
+    fn signer(&self) -> String {
+        format!("{:#x}", self.key.address())
+    }
+
+    fn pool(&self) -> &sqlx::PgPool {
+        &self.db.pool
+    }
+
+    /// Records a SIGNED transaction at `nonce` as the signer gateway leaves it (unfenced: test
+    /// setup): the row, and attempt 1 with the raw transaction signed by the test's key.
+    async fn seed_signed(&self, nonce: i64) -> Seeded {
+        let request_id = format!("tier-{nonce}-{}", Uuid::new_v4());
+        let payload = TxPayload {
+            to: SINK.into(),
+            value: "1".into(),
+            data: "0x".into(),
+            gas_limit: Some(21_000),
+            max_fee_per_gas: Some(MAX_FEE.to_string()),
+            max_priority_fee_per_gas: Some(TIP.to_string()),
+        };
+        let tx_id = Uuid::now_v7();
+        sqlx::query(
+            "INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, nonce, payload, state)
+             VALUES ($1, $2, $3, $4, $5, $6, 'SIGNED')",
+        )
+        .bind(tx_id)
+        .bind(CHAIN_ID)
+        .bind(self.signer())
+        .bind(&request_id)
+        .bind(nonce)
+        .bind(serde_json::to_value(&payload).expect("payload"))
+        .execute(self.pool())
+        .await
+        .expect("record the SIGNED row");
+        let signed = sign(
+            &self.key,
+            &UnsignedTx {
+                chain_id: CHAIN_ID as u64,
+                nonce: nonce as u64,
+                to: SINK.parse().expect("sink"),
+                value: U256::from(1),
+                data: Bytes::new(),
+                gas_limit: 21_000,
+                max_fee_per_gas: MAX_FEE,
+                max_priority_fee_per_gas: TIP,
+            },
+        )
+        .expect("sign");
+        sqlx::query(
+            "INSERT INTO tx_attempts (tx_id, attempt, tx_hash, raw_tx, max_fee_per_gas, max_priority_fee_per_gas)
+             VALUES ($1, 1, $2, $3, $4::numeric, $5::numeric)",
+        )
+        .bind(tx_id)
+        .bind(format!("{:#x}", signed.hash))
+        .bind(&signed.raw)
+        .bind(MAX_FEE.to_string())
+        .bind(TIP.to_string())
+        .execute(self.pool())
+        .await
+        .expect("record the attempt");
+        Seeded {
+            tx_id,
+            request_id,
+            nonce,
+            hash: signed.hash,
+            raw: signed.raw,
+        }
+    }
+
+    /// One drive under the test's lease, as after a batch (no resubmissions).
+    async fn drive(&self) -> Result<Vec<Output>, HandlerError> {
+        self.drive_as(&self.lease).await
+    }
+
+    async fn drive_as(&self, lease: &HeldLease) -> Result<Vec<Output>, HandlerError> {
+        self.stage
+            .drive(DriveCtx {
+                lease,
+                pool: self.pool(),
+                recovery: false,
+            })
+            .await
+    }
+
+    /// A drive that must succeed.
+    async fn drive_ok(&self) -> Vec<Output> {
+        self.drive()
+            .await
+            .unwrap_or_else(|e| panic!("the drive failed: {e:?}"))
+    }
+
+    async fn tx(&self, s: &Seeded) -> TxRow {
+        let (state, failure_code, nonce_released, fencing_token): (
+            String,
+            Option<String>,
+            bool,
+            Option<i64>,
+        ) = sqlx::query_as(
+            "SELECT state, failure_code, nonce_released, fencing_token FROM managed_tx WHERE tx_id = $1",
+        )
+        .bind(s.tx_id)
+        .fetch_one(self.pool())
+        .await
+        .expect("managed_tx row");
+        TxRow {
+            state,
+            failure_code,
+            nonce_released,
+            fencing_token,
+        }
+    }
+
+    async fn state(&self, s: &Seeded) -> String {
+        self.tx(s).await.state
+    }
+
+    /// The transaction's `tx_events` rows, oldest first.
+    async fn events(&self, s: &Seeded) -> Vec<EventRow> {
+        let rows: Vec<(Uuid, String, Value)> = sqlx::query_as(
+            "SELECT event_id, type, payload FROM tx_events WHERE tx_id = $1 ORDER BY created_at, event_id",
+        )
+        .bind(s.tx_id)
+        .fetch_all(self.pool())
+        .await
+        .expect("tx_events");
+        rows.into_iter()
+            .map(|(event_id, kind, payload)| EventRow {
+                event_id,
+                kind,
+                payload,
+            })
+            .collect()
+    }
+
+    /// The signer's recycled nonces.
+    async fn recycled(&self) -> Vec<i64> {
+        sqlx::query_scalar(
+            "SELECT nonce FROM recycled_nonces WHERE chain_id = $1 AND signer = $2 ORDER BY nonce",
+        )
+        .bind(CHAIN_ID)
+        .bind(self.signer())
+        .fetch_all(self.pool())
+        .await
+        .expect("recycled_nonces")
+    }
+
+    /// The signer's holds: `(role, reason)`.
+    async fn holds(&self) -> Vec<(String, String)> {
+        sqlx::query_as(
+            "SELECT role, reason FROM signer_holds WHERE chain_id = $1 AND signer = $2 ORDER BY role",
+        )
+        .bind(CHAIN_ID)
+        .bind(self.signer())
+        .fetch_all(self.pool())
+        .await
+        .expect("signer_holds")
+    }
+
+    /// `(submitted_at is set, next_resubmit_at is set)` of the transaction's attempt 1.
+    async fn attempt(&self, s: &Seeded) -> (bool, bool) {
+        sqlx::query_as(
+            "SELECT submitted_at IS NOT NULL, next_resubmit_at IS NOT NULL FROM tx_attempts
+             WHERE tx_id = $1 AND attempt = 1",
+        )
+        .bind(s.tx_id)
+        .fetch_one(self.pool())
+        .await
+        .expect("tx_attempts row")
+    }
+
+    /// Everything a drive may write, every column, as JSON (the lease table aside).
+    async fn snapshot(&self) -> Value {
+        let mut all = serde_json::Map::new();
+        for (table, order) in [
+            ("managed_tx", "tx_id"),
+            ("tx_attempts", "tx_id, attempt"),
+            ("tx_events", "event_id"),
+            ("recycled_nonces", "chain_id, signer, nonce"),
+            ("signer_holds", "role, chain_id, signer"),
+            ("signer_nonce_cursor", "chain_id, signer"),
+        ] {
+            let rows: Value = sqlx::query_scalar(&format!(
+                "SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY {order}), '[]'::jsonb) FROM {table} t"
+            ))
+            .fetch_one(self.pool())
+            .await
+            .unwrap_or_else(|e| panic!("snapshot of {table}: {e}"));
+            all.insert(table.to_string(), rows);
+        }
+        Value::Object(all)
+    }
+
+    /// Whether the fake chain's pool holds this transaction (accepted, not mined).
+    fn pooled(&self, s: &Seeded) -> bool {
+        self.chain.pooled().iter().any(|p| p.hash == s.hash)
+    }
+
+    /// How many times the chain received this raw transaction.
+    fn received(&self, s: &Seeded) -> usize {
+        self.chain.sent().iter().filter(|r| **r == s.raw).count()
+    }
+}
+
+/// `(topic, event_id)` of each output.
+fn outputs_of(outputs: &[Output]) -> Vec<(String, String)> {
+    outputs
+        .iter()
+        .map(|o| (o.topic.clone(), o.event_id.clone()))
+        .collect()
+}
+
+/// 1. A permanent refusal: FAILED with SEND_REJECTED, the nonce released to `recycled_nonces`,
+///    one TxFailed audit row saying so, and that same TxFailed announced on the outcomes topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_refusal_fails_the_transaction_and_releases_its_nonce() {
+    let t = Tier::new().await;
+    let s = t.seed_signed(0).await;
+    t.chain.script_send(SendOutcome::Rejected {
+        retryable: false,
+        reason: "-32000: invalid sender".into(),
+    });
+
+    let outputs = t.drive_ok().await;
+
+    assert_eq!(
+        t.tx(&s).await,
+        TxRow {
+            state: "FAILED".into(),
+            failure_code: Some("SEND_REJECTED".into()),
+            nonce_released: true,
+            fencing_token: Some(t.lease.token().0),
+        }
+    );
+    assert_eq!(t.recycled().await, vec![s.nonce], "the nonce is recycled");
+    let events = t.events(&s).await;
+    assert_eq!(events.len(), 1, "one audit row: {events:?}");
+    let failed = &events[0];
+    assert_eq!(failed.kind, "TxFailed");
+    assert_eq!(
+        failed.payload["nonce_released"],
+        Value::Bool(true),
+        "{failed:?}"
+    );
+    assert_eq!(failed.payload["code"], "SEND_REJECTED", "{failed:?}");
+    assert_eq!(failed.payload["nonce"], s.nonce, "{failed:?}");
+    assert_eq!(
+        failed.payload["request_id"],
+        s.request_id.as_str(),
+        "{failed:?}"
+    );
+    assert_eq!(
+        outputs_of(&outputs),
+        vec![(t.topics.tx_outcomes(), failed.event_id.to_string())],
+        "one TxFailed on the outcomes topic, the audit row's event"
+    );
+    assert_eq!(
+        outputs[0].key,
+        signer_key(CHAIN_ID, &t.signer()),
+        "keyed by signer"
+    );
+    assert!(t.holds().await.is_empty(), "a refusal holds nothing");
+    assert_eq!(t.received(&s), 1, "sent once");
+    assert!(!t.pooled(&s), "the node took nothing");
+
+    // Nothing is SIGNED any more: a second drive neither sends nor writes.
+    let before = t.snapshot().await;
+    assert!(t.drive_ok().await.is_empty());
+    assert_eq!(t.snapshot().await, before);
+    assert_eq!(t.received(&s), 1, "not sent again");
+}
+
+/// 2. A retryable refusal changes nothing (and later nonces are not sent behind it); once the
+///    node accepts, the next drive submits them, in nonce order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retryable_refusal_changes_nothing_and_a_later_drive_submits() {
+    let t = Tier::new().await;
+    let first = t.seed_signed(0).await;
+    let second = t.seed_signed(1).await;
+    t.chain.script_send(SendOutcome::Rejected {
+        retryable: true,
+        reason: "-32603: replacement transaction underpriced".into(),
+    });
+    let before = t.snapshot().await;
+
+    let outputs = t.drive_ok().await;
+
+    assert!(outputs.is_empty(), "nothing announced");
+    assert_eq!(
+        t.snapshot().await,
+        before,
+        "a retryable refusal changed PostgreSQL"
+    );
+    assert_eq!(t.received(&first), 1, "the first was sent");
+    assert_eq!(
+        t.received(&second),
+        0,
+        "a later nonce is not sent behind a refused one"
+    );
+
+    // The node accepts now.
+    let outputs = t.drive_ok().await;
+
+    let mut announced = Vec::new();
+    for s in [&first, &second] {
+        assert_eq!(t.state(s).await, "SUBMITTED");
+        let events = t.events(s).await;
+        assert_eq!(events.len(), 1, "one audit row: {events:?}");
+        assert_eq!(events[0].kind, "TxSubmitted");
+        assert_eq!(events[0].payload["tx_hash"], format!("{:#x}", s.hash));
+        assert_eq!(
+            t.attempt(s).await,
+            (true, true),
+            "submitted_at and next_resubmit_at set"
+        );
+        assert!(t.pooled(s), "the chain's pool holds it");
+        announced.push((t.topics.tx_submitted(), events[0].event_id.to_string()));
+    }
+    assert_eq!(
+        outputs_of(&outputs),
+        announced,
+        "TxSubmitted for each, in nonce order"
+    );
+    assert!(t.recycled().await.is_empty(), "nothing recycled");
+}
+
+/// 3. Insufficient funds holds the signer (a `signer_holds` row of the broadcaster) and fails
+///    nothing; once the node accepts, the next drive submits and the hold is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insufficient_funds_holds_the_signer_until_a_send_succeeds() {
+    let t = Tier::new().await;
+    let first = t.seed_signed(0).await;
+    let second = t.seed_signed(1).await;
+    t.chain.script_send(SendOutcome::InsufficientFunds {
+        reason: "-32003: insufficient funds for gas * price + value".into(),
+    });
+
+    let outputs = t.drive_ok().await;
+
+    assert!(outputs.is_empty(), "nothing announced");
+    let holds = t.holds().await;
+    assert_eq!(holds.len(), 1, "one hold: {holds:?}");
+    assert_eq!(holds[0].0, "broadcaster");
+    assert!(holds[0].1.contains("insufficient funds"), "{holds:?}");
+    for s in [&first, &second] {
+        assert_eq!(t.state(s).await, "SIGNED", "nothing fails");
+        assert!(t.events(s).await.is_empty(), "no audit row");
+        assert_eq!(t.attempt(s).await, (false, false), "not submitted");
+    }
+    assert!(t.recycled().await.is_empty(), "nothing recycled");
+    assert_eq!(t.received(&second), 0, "nothing new sent while held");
+
+    let outputs = t.drive_ok().await;
+
+    assert_eq!(outputs.len(), 2, "TxSubmitted for each");
+    for s in [&first, &second] {
+        assert_eq!(t.state(s).await, "SUBMITTED");
+        assert!(t.pooled(s));
+    }
+    assert!(t.holds().await.is_empty(), "the hold is cleared");
+}
+
+/// 4a. "nonce too low" for a transaction the chain knows by no hash of ours, with the chain's
+///     nonce past ours: the nonce was used outside txflow, REPLACED with one TxReplaced row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nonce_too_low_for_an_unknown_transaction_past_the_chain_nonce_is_replaced() {
+    let t = Tier::new().await;
+    let s = t.seed_signed(0).await;
+    // The signer's nonce 0 was used outside txflow: the node itself answers "nonce too low".
+    t.chain.use_nonce_elsewhere(t.address(), 0);
+
+    let outputs = t.drive_ok().await;
+
+    let row = t.tx(&s).await;
+    assert_eq!(row.state, "REPLACED", "{row:?}");
+    assert_eq!(row.fencing_token, Some(t.lease.token().0));
+    assert!(!row.nonce_released, "{row:?}");
+    let events = t.events(&s).await;
+    assert_eq!(events.len(), 1, "one audit row: {events:?}");
+    let replaced = &events[0];
+    assert_eq!(replaced.kind, "TxReplaced");
+    let nonce = replaced.payload["nonce"].as_i64().expect("nonce");
+    let chain_nonce = replaced.payload["chain_nonce"]
+        .as_i64()
+        .expect("chain_nonce");
+    assert_eq!(nonce, s.nonce, "{replaced:?}");
+    assert!(chain_nonce > nonce, "{replaced:?}");
+    assert!(
+        t.recycled().await.is_empty(),
+        "a nonce the chain consumed is not recycled"
+    );
+    assert!(
+        !outputs
+            .iter()
+            .any(|o| o.topic == t.topics.tx_submitted() || o.topic == t.topics.tx_outcomes()),
+        "neither submitted nor failed: {:?}",
+        outputs_of(&outputs)
+    );
+    assert!(!t.chain.is_mined(s.hash) && !t.pooled(&s));
+}
+
+/// 4b. The same answer while the chain has not passed our nonce (its latest nonce equals ours):
+///     whose nonce it is cannot be told, nothing changes; the next drive sends it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nonce_too_low_while_the_chain_has_not_passed_our_nonce_is_undecided() {
+    let t = Tier::new().await;
+    let s = t.seed_signed(1).await;
+    // The chain's latest nonce is 1: nonce 0 is used, ours (1) is not.
+    t.chain.use_nonce_elsewhere(t.address(), 0);
+    t.chain.script_send(SendOutcome::NonceTooLow {
+        reason: "-32003: nonce too low".into(),
+    });
+    let before = t.snapshot().await;
+
+    let outputs = t.drive_ok().await;
+
+    assert!(outputs.is_empty(), "nothing announced");
+    assert_eq!(t.state(&s).await, "SIGNED");
+    assert_eq!(t.snapshot().await, before, "an undecided answer wrote");
+    assert!(
+        t.chain.calls("latest_nonce") >= 1,
+        "the chain's nonce was asked"
+    );
+
+    // Tried again later; the node accepts it now.
+    t.drive_ok().await;
+    assert_eq!(t.state(&s).await, "SUBMITTED");
+    assert_eq!(t.received(&s), 2);
+    assert!(t.pooled(&s));
+}
+
+/// 5. A drive under a stolen lease (expired, then taken by another node) is `LeaseLost` and
+///    writes nothing; the new owner then does the work under its own token. The node accepts
+///    here, so the stale drive reaches its fenced record (the send itself happens before any
+///    fence check: sending the same raw transaction twice is harmless).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drive_under_a_stolen_lease_is_lease_lost_and_writes_nothing() {
+    let t = Tier::new().await;
+    let s = t.seed_signed(0).await;
+    sqlx::query(
+        "UPDATE signer_lease SET expires_at = now() - interval '1 hour'
+         WHERE role = $1 AND chain_id = $2 AND signer = $3",
+    )
+    .bind(Role::Broadcaster.as_str())
+    .bind(CHAIN_ID)
+    .bind(t.signer())
+    .execute(t.pool())
+    .await
+    .expect("expire the lease");
+    let signer = Signer::parse(&t.signer()).expect("signer");
+    let new = acquire(&manager(t.pool(), "thief"), &signer).await;
+    assert!(new.token() > t.lease.token(), "a steal raises the token");
+    let before = t.snapshot().await;
+
+    match t.drive().await {
+        Err(HandlerError::LeaseLost(e)) => assert!(e.is_fenced(), "{e:?}"),
+        Err(e) => panic!("the stale drive failed, but not as lease lost: {e:?}"),
+        Ok(outputs) => panic!("the stale drive succeeded: {:?}", outputs_of(&outputs)),
+    }
+    assert_eq!(t.snapshot().await, before, "a stale driver wrote");
+
+    let outputs = t
+        .drive_as(&new)
+        .await
+        .unwrap_or_else(|e| panic!("the new owner's drive: {e:?}"));
+    assert_eq!(outputs.len(), 1);
+    let row = t.tx(&s).await;
+    assert_eq!(row.state, "SUBMITTED");
+    assert_eq!(
+        row.fencing_token,
+        Some(new.token().0),
+        "under the new token"
+    );
+}
