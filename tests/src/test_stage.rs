@@ -3,6 +3,13 @@
 //! (idempotent on the request id) and announces `TxAccepted`; then, outside the transaction, it
 //! makes an "external call" (an idempotent upsert into `test_external_calls`, standing in for an
 //! RPC node) and records its result with the move SIMULATE (audited as `TxSimulated`).
+//!
+//! Deterministic failures, for the runtime's `HandlerError::Fail` decisions (any other request
+//! id behaves as above):
+//! - a request whose `request_id` starts with [`FAIL_PREFIX`] fails in `handle`, before anything
+//!   is written, with code [`FAIL_CODE`];
+//! - a RECEIVED row whose `request_id` starts with [`FAIL_DRIVE_PREFIX`] fails its signer's
+//!   `drive`, before the row's external call, with code [`FAIL_DRIVE_CODE`].
 
 use sqlx::PgPool;
 use txflow_core::codec::Subjects;
@@ -15,6 +22,16 @@ use txflow_core::role::Role;
 use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
 use txflow_core::state::{SIMULATE, TxState};
 use txflow_core::txstore::{self, Audit, Kind, MoveRow, NewTx};
+
+/// A request id starting with this fails `handle` with [`FAIL_CODE`].
+pub const FAIL_PREFIX: &str = "fail-";
+/// The `error.code` of a request that fails in `handle`.
+pub const FAIL_CODE: &str = "TEST_FAIL";
+/// A RECEIVED row whose request id starts with this fails its signer's `drive` with
+/// [`FAIL_DRIVE_CODE`].
+pub const FAIL_DRIVE_PREFIX: &str = "faildrive-";
+/// The code of a `drive` that fails on a [`FAIL_DRIVE_PREFIX`] row.
+pub const FAIL_DRIVE_CODE: &str = "TEST_DRIVE_FAIL";
 
 pub struct TestStage {
     pub input: String,
@@ -60,6 +77,12 @@ impl Handler for TestStage {
     }
 
     async fn handle(&self, w: &mut Fenced<'_>, r: &TxRequest) -> Result<Vec<Output>, HandlerError> {
+        if r.request_id.starts_with(FAIL_PREFIX) {
+            return Err(HandlerError::fail(
+                FAIL_CODE,
+                format!("request {} fails by design", r.request_id),
+            ));
+        }
         let tx_id = uuid::Uuid::new_v4();
         let lease = w.lease().clone();
         let key = signer_key(r.chain_id, lease.key().signer.as_str());
@@ -142,6 +165,12 @@ impl Handler for TestStage {
         .await
         .map_err(|e| HandlerError::classified("list pending", e))?;
         for row in pending {
+            if row.request_id.starts_with(FAIL_DRIVE_PREFIX) {
+                return Err(HandlerError::fail(
+                    FAIL_DRIVE_CODE,
+                    format!("row {} ({}) fails by design", row.tx_id, row.request_id),
+                ));
+            }
             // The external call, outside any transaction; idempotent by its key.
             let (result,): (String,) = sqlx::query_as(
                 "INSERT INTO test_external_calls (key, calls, result) VALUES ($1, 1, 'ok:' || $1)

@@ -7,21 +7,26 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::Message;
 use rdkafka::consumer::Consumer;
-use rdkafka::message::Headers;
+use rdkafka::message::{Headers, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use txflow_core::codec::{RegistryCodec, Subjects};
 use txflow_core::events::{TxAccepted, TxRequest};
 use txflow_core::kafka::{KafkaSettings, signer_key};
+use txflow_core::role::Role;
+use txflow_core::stage::partition::partition_for;
+use txflow_tests::test_stage::{FAIL_CODE, FAIL_DRIVE_CODE};
 use txflow_tests::{
     OwnBroker, TestDb, TestTopics, group_consumer, kafka_settings, producer, registry_url, unique,
     wait_for, wait_until,
 };
 
 const LONG: Duration = Duration::from_secs(90);
+/// The partitions of the test topics (and `TEST_STAGE_PARTITIONS`).
+const PARTITIONS: i32 = 4;
 
 fn signer(i: u32) -> String {
     format!("0x{:040x}", 0xabc000 + i)
@@ -59,7 +64,7 @@ impl Fixture {
         txflow_tests::test_stage::create_external_system(&db.pool)
             .await
             .expect("external system");
-        let topics = TestTopics::create(&kafka, "stage", 3, 4).await;
+        let topics = TestTopics::create(&kafka, "stage", 3, PARTITIONS).await;
         Fixture {
             db,
             topics,
@@ -89,14 +94,28 @@ impl Fixture {
         self.send_raw(&key, &bytes).await;
     }
 
-    async fn send_raw(&self, key: &str, bytes: &[u8]) {
-        self.producer
+    /// Produces `r` and returns where it landed, `(partition, offset)`, and its bytes.
+    async fn send_at(&self, r: &TxRequest) -> (i32, i64, Vec<u8>) {
+        let bytes = self
+            .codec
+            .encode(self.input(), Subjects::TopicName, r)
+            .await
+            .expect("encode");
+        let key = signer_key(r.chain_id, &r.signer);
+        let (partition, offset) = self.send_raw(&key, &bytes).await;
+        (partition, offset, bytes)
+    }
+
+    async fn send_raw(&self, key: &str, bytes: &[u8]) -> (i32, i64) {
+        let delivery = self
+            .producer
             .send(
                 FutureRecord::to(self.input()).key(key).payload(bytes),
                 Duration::from_secs(30),
             )
             .await
             .unwrap_or_else(|(e, _)| panic!("produce: {e}"));
+        (delivery.partition, delivery.offset)
     }
 
     /// Starts the test stage as a process. `fault` aborts it at that fault point;
@@ -110,24 +129,55 @@ impl Fixture {
 
     /// Like `spawn`, keeping the stage's log lines for the test to wait on.
     fn spawn_logged(&self, node: &str, pause: Option<&str>) -> (Child, Arc<Mutex<Vec<String>>>) {
-        let mut child = self
-            .command(node, None, pause)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start test-stage");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        let stderr = child.stderr.take().expect("piped");
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                eprintln!("[stage] {line}");
-                sink.lock().expect("lock").push(line);
-            }
-        });
-        (child, lines)
+        logged(self.command(node, None, pause))
     }
 
+    /// Every message of the DLQ topic, all partitions from their beginning. The stage must have
+    /// stopped: a marker of the test's own is appended to every partition and each is read up to
+    /// it (the broker's high watermark cannot say where a partition ends, see ARCHITECTURE.md).
+    async fn whole_dlq(&self) -> Vec<OwnedMessage> {
+        let marker = format!("end-of-dlq-{}", uuid::Uuid::new_v4()).into_bytes();
+        for p in 0..PARTITIONS {
+            self.producer
+                .send(
+                    FutureRecord::<(), [u8]>::to(self.dlq())
+                        .partition(p)
+                        .payload(&marker[..]),
+                    Duration::from_secs(30),
+                )
+                .await
+                .unwrap_or_else(|(e, _)| panic!("produce the DLQ marker: {e}"));
+        }
+        let c = group_consumer(&self.kafka, &unique("whole-dlq"));
+        let mut list = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            list.add_partition_offset(self.dlq(), p, Offset::Beginning)
+                .expect("partition");
+        }
+        c.assign(&list).expect("assign");
+        let mut ended = BTreeSet::new();
+        let mut out = Vec::new();
+        let deadline = tokio::time::Instant::now() + LONG;
+        while ended.len() < PARTITIONS as usize {
+            let m = tokio::time::timeout_at(deadline, c.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "the DLQ markers of {} of {PARTITIONS} partitions arrived ({} messages)",
+                        ended.len(),
+                        out.len()
+                    )
+                })
+                .expect("consume the DLQ")
+                .detach();
+            if m.payload() == Some(marker.as_slice()) {
+                ended.insert(m.partition());
+            } else {
+                out.push(m);
+            }
+        }
+        out
+    }
     fn command(&self, node: &str, fault: Option<&str>, pause: Option<&str>) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_test-stage"));
         cmd.env("TXFLOW_DATABASE_URL", &self.db.url)
@@ -182,6 +232,44 @@ impl Fixture {
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
+}
+
+/// Starts the stage's `command`, keeping its log lines for the test to wait on.
+fn logged(mut command: Command) -> (Child, Arc<Mutex<Vec<String>>>) {
+    let mut child = command
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start test-stage");
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    let stderr = child.stderr.take().expect("piped");
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            eprintln!("[stage] {line}");
+            sink.lock().expect("lock").push(line);
+        }
+    });
+    (child, lines)
+}
+
+/// The value of header `key` of `m`.
+fn header_of(m: &OwnedMessage, key: &str) -> Option<String> {
+    m.headers().and_then(|h| {
+        h.iter()
+            .find(|x| x.key == key)
+            .and_then(|x| x.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    })
+}
+
+/// A signer other than `s` whose messages land on the same partition as `s`'s.
+fn signer_on_the_partition_of(s: &str) -> String {
+    let of = |s: &str| partition_for(&signer_key(31337, s), PARTITIONS);
+    (1000..)
+        .map(signer)
+        .find(|o| o != s && of(o) == of(s))
+        .expect("a signer on the same partition")
 }
 
 async fn exits(child: &mut Child, what: &str) {
@@ -581,4 +669,247 @@ async fn work_in_postgres_is_completed_by_the_recovery_scan_after_the_broker_los
     signal(&stage, "-TERM");
     let _ = tokio::time::timeout(LONG, stage.wait()).await;
     drop(f);
+}
+
+/// The request ids recorded in managed_tx, with their signer, and how many times each.
+async fn recorded(f: &Fixture) -> BTreeMap<(String, String), i64> {
+    sqlx::query_as::<_, (String, String, i64)>(
+        "SELECT signer, request_id, count(*) FROM managed_tx GROUP BY signer, request_id",
+    )
+    .fetch_all(&f.db.pool)
+    .await
+    .expect("managed_tx")
+    .into_iter()
+    .map(|(s, r, n)| ((s, r), n))
+    .collect()
+}
+
+/// `HandlerError::Fail` from `handle`: the signer's savepoint is rolled back, the failing message
+/// dead-lettered once with its `error.code`, the signer's other messages applied once each, and
+/// neither the signer nor the partition is pinned. Another signer's message on the same
+/// partition, in the same batch, is unaffected.
+#[tokio::test]
+async fn a_failed_message_is_dead_lettered_once_and_neither_its_signer_nor_its_partition_is_pinned()
+{
+    let f = Fixture::new(kafka_settings()).await;
+    let s = signer(50);
+    let other = signer_on_the_partition_of(&s);
+    // Produced before the stage starts, so that its first fetch likely brings them in one batch:
+    // ok-1 before fail-2 in the batch means the partition is rewound over fail-2, which must then
+    // be skipped, not run (and dead-lettered) again.
+    let (p1, _, _) = f.send_at(&request(&s, "ok-1")).await;
+    let (p2, failed_offset, failed_bytes) = f.send_at(&request(&s, "fail-2")).await;
+    let (po, _, _) = f.send_at(&request(&other, "other-1")).await;
+    let (p3, _, _) = f.send_at(&request(&s, "ok-3")).await;
+    assert!(
+        [p2, po, p3].iter().all(|p| *p == p1),
+        "one partition: {p1} {p2} {po} {p3}"
+    );
+    let mut command = f.command("node-a", None, None);
+    command.env(
+        "TXFLOW_LOG",
+        "info,txflow::stage=debug,txflow_core::stage::batch=debug",
+    );
+    let (mut stage, log) = logged(command);
+    let (p4, last_offset, _) = f.send_at(&request(&s, "ok-4")).await;
+    assert_eq!(p4, p1);
+
+    wait_until(
+        "ok-1, ok-3, ok-4 and other-1 were recorded and driven",
+        LONG,
+        || async {
+            f.count(
+                "SELECT count(*) FROM managed_tx
+                 WHERE request_id IN ('ok-1', 'ok-3', 'ok-4', 'other-1') AND state = 'SIMULATED'",
+            )
+            .await
+                == 4
+        },
+    )
+    .await;
+    // Stopped: nothing more can be dead-lettered, and the offsets are committed.
+    signal(&stage, "-TERM");
+    let status = tokio::time::timeout(LONG, stage.wait())
+        .await
+        .expect("the stage stops")
+        .expect("wait");
+    assert!(status.success(), "the stage stopped with {status}");
+
+    let expected: BTreeMap<(String, String), i64> = [
+        (&s, "ok-1"),
+        (&s, "ok-3"),
+        (&s, "ok-4"),
+        (&other, "other-1"),
+    ]
+    .into_iter()
+    .map(|(signer, r)| ((signer.clone(), r.to_string()), 1))
+    .collect();
+    assert_eq!(
+        recorded(&f).await,
+        expected,
+        "each applied once, the failed one not at all"
+    );
+    assert_eq!(
+        f.count("SELECT count(*) FROM tx_events WHERE type = 'TxAccepted'")
+            .await,
+        4,
+        "one announcement recorded per applied message"
+    );
+    assert_eq!(
+        f.count("SELECT count(*) FROM test_external_calls").await,
+        4,
+        "one external effect per applied message"
+    );
+
+    let dead = f.whole_dlq().await;
+    let failed: Vec<&OwnedMessage> = dead
+        .iter()
+        .filter(|m| m.payload() == Some(failed_bytes.as_slice()))
+        .collect();
+    assert_eq!(
+        failed.len(),
+        1,
+        "fail-2 is dead-lettered exactly once ({} dead letters in all)",
+        dead.len()
+    );
+    assert_eq!(dead.len(), 1, "nothing else is dead-lettered");
+    let m = failed[0];
+    assert_eq!(header_of(m, "error.code").as_deref(), Some(FAIL_CODE));
+    assert!(
+        header_of(m, "error.message").is_some_and(|r| r.contains("fail-2")),
+        "{:?}",
+        header_of(m, "error.message")
+    );
+    assert_eq!(header_of(m, "source.topic").as_deref(), Some(f.input()));
+    assert_eq!(header_of(m, "source.partition"), Some(p2.to_string()));
+    assert_eq!(
+        header_of(m, "source.offset"),
+        Some(failed_offset.to_string())
+    );
+
+    // The partition moved on past the failed message: its committed offset follows ok-4.
+    let group = group_consumer(&f.kafka, &f.group);
+    let mut list = TopicPartitionList::new();
+    list.add_partition(f.input(), p1);
+    let committed = group
+        .committed_offsets(list, Duration::from_secs(10))
+        .expect("committed offsets");
+    let committed = committed.find_partition(f.input(), p1).map(|e| e.offset());
+    assert_eq!(committed, Some(Offset::Offset(last_offset + 1)));
+
+    // How the batches went (the test holds either way): with ok-1 and fail-2 in one batch the
+    // runtime rewinds over fail-2 and skips it when it comes again.
+    let lines = log.lock().expect("lock").clone();
+    let count = |needle: &str| lines.iter().filter(|l| l.contains(needle)).count();
+    eprintln!(
+        "failed for good: {}, skipped as settled: {}, batches: {}",
+        count("handler failed for good"),
+        count("skipping a message dead-lettered before"),
+        count("batch committed"),
+    );
+}
+
+/// `HandlerError::Fail` from `drive`: the signer is held (a `signer_holds` row with the code, and
+/// one alert), the recovery scan tries it again later, and the stage goes on with the others.
+#[tokio::test]
+async fn a_failed_drive_holds_its_signer_and_the_stage_goes_on_with_the_others() {
+    let f = Fixture::new(kafka_settings()).await;
+    let (held, other, third) = (signer(60), signer(61), signer(62));
+    let (mut stage, log) = f.spawn_logged("node-a", None);
+    f.send(&request(&other, "warm-1")).await;
+    let driven = |request_id: &'static str| {
+        let pool = &f.db.pool;
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM managed_tx WHERE request_id = $1 AND state = 'SIMULATED'",
+            )
+            .bind(request_id)
+            .fetch_one(pool)
+            .await
+            .expect("count")
+                == 1
+        }
+    };
+    wait_until("the stage is running: warm-1 was driven", LONG, || {
+        driven("warm-1")
+    })
+    .await;
+
+    // Work that fails its signer's drive, known to PostgreSQL only: the recovery scan drives it.
+    let tx_id: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, payload, state)
+         VALUES (gen_random_uuid(), 31337, $1, 'faildrive-1', '{}', 'RECEIVED') RETURNING tx_id",
+    )
+    .bind(&held)
+    .fetch_one(&f.db.pool)
+    .await
+    .expect("insert work");
+    // The test stage takes the allocator's leases.
+    let role = Role::Allocator.as_str();
+    let reason: String = wait_for("the signer is held", LONG, || async {
+        sqlx::query_scalar(
+            "SELECT reason FROM signer_holds WHERE role = $1 AND chain_id = 31337 AND signer = $2",
+        )
+        .bind(role)
+        .bind(&held)
+        .fetch_optional(&f.db.pool)
+        .await
+        .expect("signer_holds")
+    })
+    .await;
+    assert!(reason.contains(FAIL_DRIVE_CODE), "hold reason: {reason}");
+
+    // The stage goes on with other signers' messages.
+    f.send(&request(&other, "after-hold-1")).await;
+    f.send(&request(&third, "after-hold-2")).await;
+    wait_until("after-hold-1 was driven", LONG, || driven("after-hold-1")).await;
+    wait_until("after-hold-2 was driven", LONG, || driven("after-hold-2")).await;
+    // The recovery scan tries the held signer again (refreshing its hold), one alert in all.
+    wait_until(
+        "the recovery scan tried the held signer again",
+        LONG,
+        || async {
+            f.count("SELECT count(*) FROM signer_holds WHERE updated_at > since")
+                .await
+                == 1
+        },
+    )
+    .await;
+    wait_until("the hold raised an alert", LONG, || {
+        let lines = log.lock().expect("lock").clone();
+        async move { lines.iter().any(|l| l.contains("signer_held")) }
+    })
+    .await;
+    signal(&stage, "-TERM");
+    let _ = tokio::time::timeout(LONG, stage.wait()).await;
+
+    assert_eq!(
+        f.count("SELECT count(*) FROM signer_holds").await,
+        1,
+        "only the failing signer is held"
+    );
+    let state: String = sqlx::query_scalar("SELECT state FROM managed_tx WHERE tx_id = $1")
+        .bind(tx_id)
+        .fetch_one(&f.db.pool)
+        .await
+        .expect("state");
+    assert_eq!(state, "RECEIVED", "the failing work did not move");
+    assert_eq!(
+        f.count(&format!(
+            "SELECT count(*) FROM test_external_calls WHERE key = '{tx_id}'"
+        ))
+        .await,
+        0,
+        "the drive failed before the external call"
+    );
+    let alerts = log
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|l| l.contains("signer_held"))
+        .count();
+    assert_eq!(
+        alerts, 1,
+        "one alert for a hold, however often it is refreshed"
+    );
 }
