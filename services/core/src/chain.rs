@@ -187,6 +187,10 @@ pub trait ChainClient: Send + Sync + std::fmt::Debug {
     fn block_number(&self) -> ChainFuture<'_, u64>;
 }
 
+/// Log targets of libraries that record an endpoint's full URL (with any API key in its path or
+/// query) and the level they must be held at: the binary adds these after `TXFLOW_LOG`.
+pub const URL_LOGGING_TARGETS: [&str; 1] = ["alloy_transport_http=info"];
+
 /// Timeouts and retries of RPC calls (`TXFLOW_RPC_TIMEOUT_MS`, `TXFLOW_RPC_ATTEMPTS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RpcSettings {
@@ -222,15 +226,55 @@ struct Health {
 }
 
 /// One JSON-RPC endpoint of the chain.
-#[derive(Debug)]
+/// `Debug` by hand: the name only (the provider and `secrets` hold the full URL).
 struct Endpoint {
     /// `scheme://host:port` only: a URL's path or query may hold an API key, never logged.
     name: String,
+    /// The forms of the full URL (as configured, as parsed, its path and query) that an error
+    /// text may quote: replaced by `name` before an error is logged or returned.
+    secrets: Vec<String>,
     provider: DynProvider,
     health: Mutex<Health>,
 }
 
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Endpoint {
+    /// `text` without the endpoint's full URL (nor its path and query).
+    fn scrub(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for secret in &self.secrets {
+            out = out.replace(secret.as_str(), &self.name);
+        }
+        out
+    }
+
+    /// A failed call's error as it may be logged and returned: the node's own JSON-RPC answer as
+    /// is; any other error (transport, HTTP, an unreadable answer — whose texts quote the URL)
+    /// rewritten as a transport error with the URL scrubbed from its whole source chain. Every
+    /// such error was and stays "retry" (`worth_retrying`), so nothing is classified differently.
+    fn scrub_error(&self, err: RpcError<TransportErrorKind>) -> RpcError<TransportErrorKind> {
+        match err {
+            RpcError::ErrorResp(p) => RpcError::ErrorResp(p),
+            other => {
+                let mut text = other.to_string();
+                let mut cur = std::error::Error::source(&other);
+                while let Some(c) = cur {
+                    text.push_str(": ");
+                    text.push_str(&c.to_string());
+                    cur = c.source();
+                }
+                TransportErrorKind::custom_str(&self.scrub(&text))
+            }
+        }
+    }
+
     fn health(&self) -> std::sync::MutexGuard<'_, Health> {
         self.health.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -282,12 +326,21 @@ impl Chain {
                 .parse()
                 .map_err(|_| ChainError::InvalidUrl(redact(url)))?;
             let name = redact(url);
+            let mut secrets = vec![url.clone(), parsed.as_str().to_string()];
+            let tail = &parsed.as_str()[parsed.origin().ascii_serialization().len()..];
+            if tail.len() > 1 {
+                secrets.push(tail.to_string());
+            }
+            // The longest first, so that a part never spoils the replacement of the whole.
+            secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+            secrets.dedup();
             let provider = ProviderBuilder::new()
                 .disable_recommended_fillers()
                 .connect_http(parsed)
                 .erased();
             endpoints.push(Endpoint {
                 name,
+                secrets,
                 provider,
                 health: Mutex::new(Health::default()),
             });
@@ -361,6 +414,7 @@ impl Chain {
                         self.settings.timeout.as_millis()
                     ))),
                 };
+                let result = result.map_err(|err| e.scrub_error(err));
                 match result {
                     Err(err) if worth_retrying(&err) => {
                         let mut h = e.health();
@@ -572,7 +626,7 @@ impl RpcSettings {
 }
 
 /// `scheme://host:port` of a URL: what may be logged of an endpoint.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     match url.parse::<reqwest::Url>() {
         Ok(u) => format!(
             "{}://{}{}",
@@ -657,6 +711,31 @@ mod tests {
         );
         assert_eq!(redact("http://127.0.0.1:8545"), "http://127.0.0.1:8545");
         assert_eq!(redact("not a url"), "<invalid url>");
+    }
+
+    #[test]
+    fn errors_never_quote_an_endpoint_url_with_its_key() {
+        let c = Chain::connect_all(
+            &["https://rpc.example.com/v3/SECRETKEY?apikey=SECRET2".into()],
+            1,
+            RpcSettings::default(),
+        )
+        .expect("url");
+        let e = &c.endpoints[0];
+        let leaked = TransportErrorKind::custom_str(
+            "error sending request for url (https://rpc.example.com/v3/SECRETKEY?apikey=SECRET2): /v3/SECRETKEY?apikey=SECRET2",
+        );
+        let text = e.scrub_error(leaked).to_string();
+        assert!(!text.contains("SECRET"), "{text}");
+        assert!(text.contains("https://rpc.example.com"), "{text}");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        // The node's own answer is kept as it is (a revert reason, say).
+        let answer = RpcError::<TransportErrorKind>::ErrorResp(
+            serde_json::from_str(r#"{"code":3,"message":"execution reverted"}"#)
+                .expect("an error payload"),
+        );
+        assert!(matches!(e.scrub_error(answer), RpcError::ErrorResp(p) if p.code == 3));
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::env;
 use crate::kafka::{KafkaSettings, Topics};
 use crate::retry::{Classify, Retry};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `Debug` is written by hand: it shows the database URL without its password and the RPC
+/// endpoints as `scheme://host:port` (their paths and queries may hold API keys).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Config {
     /// `TXFLOW_DATABASE_URL`
     pub database_url: String,
@@ -56,6 +58,60 @@ pub struct Config {
     pub rpc_timeout_ms: u64,
     /// Rounds over the RPC endpoints before a call fails (`TXFLOW_RPC_ATTEMPTS`, default 4).
     pub rpc_attempts: u32,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rpc: Vec<String> = self
+            .rpc_urls
+            .iter()
+            .map(|u| crate::chain::redact(u))
+            .collect();
+        f.debug_struct("Config")
+            .field("database_url", &redact_database_url(&self.database_url))
+            .field("kafka", &self.kafka)
+            .field(
+                "schema_registry_url",
+                &crate::chain::redact(&self.schema_registry_url),
+            )
+            .field("topics", &self.topics)
+            .field("partitions", &self.partitions)
+            .field("rpc_urls", &rpc)
+            .field("chain_id", &self.chain_id)
+            .field("signer_keys", &self.signer_keys)
+            .field("policy_whitelist", &self.policy_whitelist)
+            .field("policy_max_value_wei", &self.policy_max_value_wei)
+            .field(
+                "policy_approval_threshold_wei",
+                &self.policy_approval_threshold_wei,
+            )
+            .field("node_name", &self.node_name)
+            .field("group_prefix", &self.group_prefix)
+            .field("lease_ms", &self.lease_ms)
+            .field("signer_keystore", &self.signer_keystore)
+            .field(
+                "signer_keystore_password_file",
+                &self.signer_keystore_password_file,
+            )
+            .field("resubmit_interval_ms", &self.resubmit_interval_ms)
+            .field("rpc_timeout_ms", &self.rpc_timeout_ms)
+            .field("rpc_attempts", &self.rpc_attempts)
+            .finish()
+    }
+}
+
+/// A database URL as it may be printed: the password (if any) replaced by `***`.
+pub fn redact_database_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
 }
 
 /// A secret value whose `Debug` never shows it.
@@ -338,6 +394,27 @@ mod tests {
         assert_eq!(c.kafka.brokers, "b:1");
         assert_eq!(c.partitions, 4);
         assert_eq!(c.topics.tx_requests(), "t1.tx.requests");
+    }
+
+    #[test]
+    fn database_passwords_and_rpc_keys_never_show_in_debug_output() {
+        let c = Config::from_lookup(|k| match k {
+            "TXFLOW_DATABASE_URL" => Some("postgres://u:DBPASSWORD@h:5432/db".into()),
+            "TXFLOW_RPC_URLS" => Some("https://rpc.example.com/v3/APIKEY?key=APIKEY2".into()),
+            _ => None,
+        })
+        .expect("valid");
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("DBPASSWORD") && !shown.contains("APIKEY"),
+            "{shown}"
+        );
+        assert!(shown.contains("postgres://u:***@h:5432/db"), "{shown}");
+        assert!(shown.contains("https://rpc.example.com"), "{shown}");
+        assert_eq!(
+            redact_database_url("postgres://u@h/db"),
+            "postgres://u@h/db"
+        );
     }
 
     #[test]

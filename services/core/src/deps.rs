@@ -14,12 +14,24 @@ use crate::role::RoleError;
 /// Connections per stage runtime a process runs (a batch transaction, drives, the recovery scan).
 pub const CONNECTIONS_PER_STAGE: u32 = 8;
 
-#[derive(Clone, Debug)]
+/// `Debug` by hand: the configuration's own (secrets redacted) and the pool's size, never the
+/// pool's connect options (they hold the database password).
+#[derive(Clone)]
 pub struct Deps {
     pub config: Config,
     pub pool: PgPool,
     pub codec: RegistryCodec,
     pub chain: Arc<dyn ChainClient>,
+}
+
+impl std::fmt::Debug for Deps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deps")
+            .field("config", &self.config)
+            .field("pool_size", &self.pool.size())
+            .field("chain", &self.chain)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Deps {

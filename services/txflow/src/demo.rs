@@ -169,7 +169,10 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
     );
     println!(
         "\nwhere to look next:\n  psql {} -c \"SELECT state, count(*) FROM managed_tx GROUP BY state\"\n  topics {}.tx.* and {}.dlq on {}\n  txflow bench --signers 50 --txs 40   (throughput and latency)",
-        config.database_url, config.topics.prefix, config.topics.prefix, config.kafka.brokers
+        txflow_core::config::redact_database_url(&config.database_url),
+        config.topics.prefix,
+        config.topics.prefix,
+        config.kafka.brokers
     );
     p.stop().await?;
     delete_topics(&config.kafka, &config.topics.all()).await?;

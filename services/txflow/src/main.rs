@@ -79,7 +79,17 @@ enum Command {
 
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("TXFLOW_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter =
+        EnvFilter::try_from_env("TXFLOW_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // alloy's HTTP transport opens a debug span that records the endpoint's full URL, whose path
+    // or query may hold an API key: never below info, whatever TXFLOW_LOG says (a directive added
+    // for the same target replaces the user's).
+    for quiet in txflow_core::chain::URL_LOGGING_TARGETS {
+        match quiet.parse() {
+            Ok(d) => filter = filter.add_directive(d),
+            Err(e) => eprintln!("warning: log directive {quiet:?}: {e}"),
+        }
+    }
     let json = std::env::var("TXFLOW_LOG_FORMAT").is_ok_and(|v| v == "json");
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -18,7 +18,7 @@ pub async fn run(config: &Config, mut args: UpArgs) -> anyhow::Result<()> {
     let migrations = txflow_core::db::migrate(&pool).await?;
     println!(
         "postgres      {}  ({migrations} migration(s) applied)",
-        redact(&config.database_url)
+        txflow_core::config::redact_database_url(&config.database_url)
     );
 
     let topics = config.topics.all();
@@ -90,28 +90,17 @@ pub async fn run(config: &Config, mut args: UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The URL without a password, for printing.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
     fn passwords_are_not_printed() {
         assert_eq!(
-            super::redact("postgres://u:secret@h/db"),
+            txflow_core::config::redact_database_url("postgres://u:secret@h/db"),
             "postgres://u:***@h/db"
         );
-        assert_eq!(super::redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            txflow_core::config::redact_database_url("postgres://u@h/db"),
+            "postgres://u@h/db"
+        );
     }
 }
