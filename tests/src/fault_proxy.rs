@@ -1,7 +1,8 @@
 //! A JSON-RPC fault proxy (in-process, hyper): forwards every request to an upstream node, except
 //! where a [`Rule`] says to fail it — an HTTP status (5xx, 429), a delay (past the client's timeout),
-//! a dropped connection, a JSON-RPC error, or "forward, then lose the response" (the node acts, the
-//! client never hears). It counts what it saw and what it did, so that a test can check the faults
+//! a dropped connection, a JSON-RPC error, "forward, then lose the response" (the node acts, the
+//! client never hears), or "forward, then answer an error" (the node acts, the client hears it
+//! failed). It counts what it saw and what it did, so that a test can check the faults
 //! really happened.
 
 use std::collections::BTreeMap;
@@ -29,6 +30,9 @@ pub enum Fault {
     RpcError { code: i64, message: String },
     /// Forward, then close the connection without passing the answer on.
     ForwardThenLose,
+    /// Forward, then answer with this JSON-RPC error instead of the node's answer: the node
+    /// acted (took the transaction, say), the client is told it failed.
+    ForwardThenError { code: i64, message: String },
 }
 
 impl Fault {
@@ -39,6 +43,7 @@ impl Fault {
             Fault::Reset => "reset",
             Fault::RpcError { .. } => "rpc_error",
             Fault::ForwardThenLose => "forward_then_lose",
+            Fault::ForwardThenError { .. } => "forward_then_error",
         }
     }
 }
@@ -159,7 +164,7 @@ impl FaultProxy {
     }
 
     /// Faults applied, per (method, kind: `status`, `delay`, `reset`, `rpc_error`,
-    /// `forward_then_lose`).
+    /// `forward_then_lose`, `forward_then_error`).
     pub fn faults(&self) -> BTreeMap<(String, &'static str), u64> {
         self.state
             .counts
@@ -197,6 +202,14 @@ fn respond(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
         hyper::header::HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// A JSON-RPC error answer to the call with this `id`.
+fn rpc_error(id: &serde_json::Value, code: i64, message: &str) -> Response<Full<Bytes>> {
+    let answer = serde_json::json!({
+        "jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}
+    });
+    respond(StatusCode::OK, Bytes::from(answer.to_string()))
 }
 
 async fn forward(s: &State, body: Bytes) -> Response<Full<Bytes>> {
@@ -261,15 +274,14 @@ async fn handle(
             Ok(forward(&s, body).await)
         }
         Some(Fault::Reset) => Err(Box::new(Dropped)),
-        Some(Fault::RpcError { code, message }) => {
-            let answer = serde_json::json!({
-                "jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}
-            });
-            Ok(respond(StatusCode::OK, Bytes::from(answer.to_string())))
-        }
+        Some(Fault::RpcError { code, message }) => Ok(rpc_error(&id, code, &message)),
         Some(Fault::ForwardThenLose) => {
             let _ = forward(&s, body).await;
             Err(Box::new(Dropped))
+        }
+        Some(Fault::ForwardThenError { code, message }) => {
+            let _ = forward(&s, body).await;
+            Ok(rpc_error(&id, code, &message))
         }
     }
 }

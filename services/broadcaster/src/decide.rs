@@ -21,7 +21,8 @@ pub enum Sent {
     Refused(String),
     /// The signer cannot pay: hold the signer (nothing fails) and stop.
     Hold(String),
-    /// The node refuses it for now: stop, the recovery scan sends it again.
+    /// The node refuses it for now, or its answer is unknown (it may have taken it): stop, the
+    /// transaction stays SIGNED with its nonce and the recovery scan sends it again.
     Wait(String),
     /// "nonce too low" and whose nonce it is cannot be told yet: stop, try again later.
     Undecided,
@@ -88,6 +89,10 @@ pub fn classify_send(outcome: SendOutcome) -> Answer {
             retryable: false,
             reason,
         } => Sent::Refused(reason),
+        // The node may have taken it: never a refusal (which would release its nonce while it
+        // may still be mined). The same bytes sent again are answered "already known" or
+        // "nonce too low", which settle it.
+        SendOutcome::Unknown { reason } => Sent::Wait(reason),
     };
     Answer::Decided(sent)
 }
@@ -164,7 +169,8 @@ pub fn split_due<T>(due: Vec<T>, chain_nonce: u64, nonce: impl Fn(&T) -> i64) ->
 pub enum Resent {
     /// Sent again (accepted, already known, or its nonce already used): recorded.
     Sent,
-    /// The node refused it: recorded all the same, sent again at the next interval.
+    /// The node refused it, or its answer is unknown: recorded all the same (still SUBMITTED,
+    /// its nonce kept), sent again at the next interval.
     Refused(String),
     /// The signer cannot pay: hold the signer and stop.
     Hold(String),
@@ -177,7 +183,65 @@ pub fn classify_resend(outcome: SendOutcome) -> Resent {
         | SendOutcome::PossiblySent { .. }
         | SendOutcome::NonceTooLow { .. } => Resent::Sent,
         SendOutcome::InsufficientFunds { reason } => Resent::Hold(reason),
-        SendOutcome::Rejected { reason, .. } => Resent::Refused(reason),
+        SendOutcome::Rejected { reason, .. } | SendOutcome::Unknown { reason } => {
+            Resent::Refused(reason)
+        }
+    }
+}
+
+/// What a drive's sends say about the signer's funds, for its hold (`txflow_core::holds`): the
+/// hold clears only when a node took a send, never on an RPC error, a refusal, a replaced nonce
+/// or an undecided answer, which say nothing about the account (the `signer_held` alert would
+/// come and go on every transient error).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Funds {
+    /// No send said anything about the funds: the hold stays as it is.
+    #[default]
+    Untold,
+    /// A node took a send (accepted, already known, or "nonce too low" for one of its own
+    /// hashes): the hold clears.
+    Paid,
+    /// A send was refused for insufficient funds: the signer is held.
+    Short,
+}
+
+impl Funds {
+    /// The verdict of two sends of one drive: a refusal for funds wins over a send taken (the
+    /// hold neither clears nor is set again within a drive), a send taken over nothing said.
+    pub fn and(self, other: Funds) -> Funds {
+        self.max(other)
+    }
+}
+
+impl Record {
+    /// What a recorded send says about the funds: submitted means a node took it; a permanent
+    /// refusal or a nonce used outside txflow say nothing.
+    pub fn funds(&self) -> Funds {
+        match self {
+            Record::Submitted(_) => Funds::Paid,
+            Record::Replaced { .. } | Record::Refused(_) => Funds::Untold,
+        }
+    }
+}
+
+impl Stop {
+    /// What a stopped send says about the funds: short when held, nothing otherwise.
+    pub fn funds(&self) -> Funds {
+        match self {
+            Stop::Hold(_) => Funds::Short,
+            Stop::Wait(_) | Stop::Undecided => Funds::Untold,
+        }
+    }
+}
+
+/// What the node's answer to a resubmission says about the funds: accepted or already known is a
+/// send taken; "insufficient funds" is short; every other answer ("nonce too low", recorded all
+/// the same, or a refusal) says nothing.
+pub fn resend_funds(outcome: &SendOutcome) -> Funds {
+    match outcome {
+        SendOutcome::Accepted | SendOutcome::PossiblySent { .. } => Funds::Paid,
+        SendOutcome::InsufficientFunds { .. } => Funds::Short,
+        _ => Funds::Untold,
     }
 }
 
@@ -230,10 +294,37 @@ mod tests {
                 },
                 Answer::Decided(Sent::Refused(r("invalid sender"))),
             ),
+            // An answer no one knows: the node may have taken it, so wait, never refuse.
+            (
+                SendOutcome::Unknown {
+                    reason: r("-32000: something went wrong"),
+                },
+                Answer::Decided(Sent::Wait(r("-32000: something went wrong"))),
+            ),
         ];
         for (outcome, want) in cases {
             assert_eq!(classify_send(outcome.clone()), want, "{outcome:?}");
         }
+    }
+
+    #[test]
+    fn an_unknown_send_error_stops_the_sends_and_records_nothing() {
+        let outcome = txflow_core::chain::classify_send_error(-32000, "upstream said: 0xdeadbeef");
+        assert!(
+            matches!(outcome, SendOutcome::Unknown { .. }),
+            "{outcome:?}"
+        );
+        let Answer::Decided(sent) = classify_send(outcome.clone()) else {
+            panic!("decided without the chain");
+        };
+        assert_eq!(
+            sent.split(),
+            Err(Stop::Wait(r("-32000: upstream said: 0xdeadbeef")))
+        );
+        assert_eq!(
+            classify_resend(outcome),
+            Resent::Refused(r("-32000: upstream said: 0xdeadbeef"))
+        );
     }
 
     #[test]
@@ -378,9 +469,96 @@ mod tests {
                 },
                 Resent::Refused(r("invalid")),
             ),
+            // Unknown: still SUBMITTED with its nonce, sent again at the next interval.
+            (
+                SendOutcome::Unknown {
+                    reason: r("-32000: something went wrong"),
+                },
+                Resent::Refused(r("-32000: something went wrong")),
+            ),
         ];
         for (outcome, want) in cases {
             assert_eq!(classify_resend(outcome.clone()), want, "{outcome:?}");
         }
+    }
+
+    #[test]
+    fn only_a_send_taken_clears_the_hold_and_a_refusal_for_funds_wins() {
+        use Funds::*;
+        let records: Vec<(Record, Funds)> = vec![
+            (Record::Submitted(SubmitOutcome::Accepted), Paid),
+            (Record::Submitted(SubmitOutcome::PossiblySent), Paid),
+            (
+                Record::Replaced {
+                    chain_nonce: 5,
+                    reason: r("x"),
+                },
+                Untold,
+            ),
+            (Record::Refused(r("no")), Untold),
+        ];
+        for (record, want) in records {
+            assert_eq!(record.funds(), want, "{record:?}");
+        }
+        let stops: Vec<(Stop, Funds)> = vec![
+            (Stop::Hold(r("poor")), Short),
+            (Stop::Wait(r("later")), Untold),
+            (Stop::Undecided, Untold),
+        ];
+        for (stop, want) in stops {
+            assert_eq!(stop.funds(), want, "{stop:?}");
+        }
+        let resends: Vec<(SendOutcome, Funds)> = vec![
+            (SendOutcome::Accepted, Paid),
+            (
+                SendOutcome::PossiblySent {
+                    reason: r("already known"),
+                },
+                Paid,
+            ),
+            (
+                SendOutcome::NonceTooLow {
+                    reason: r("nonce too low"),
+                },
+                Untold,
+            ),
+            (
+                SendOutcome::InsufficientFunds {
+                    reason: r("insufficient funds"),
+                },
+                Short,
+            ),
+            (
+                SendOutcome::Rejected {
+                    retryable: true,
+                    reason: r("underpriced"),
+                },
+                Untold,
+            ),
+            (
+                SendOutcome::Rejected {
+                    retryable: false,
+                    reason: r("invalid"),
+                },
+                Untold,
+            ),
+        ];
+        for (outcome, want) in resends {
+            assert_eq!(resend_funds(&outcome), want, "{outcome:?}");
+        }
+        // (first, second) → the drive's verdict, in either order.
+        let pairs = [
+            (Untold, Untold, Untold),
+            (Untold, Paid, Paid),
+            (Untold, Short, Short),
+            (Paid, Paid, Paid),
+            (Paid, Short, Short),
+            (Short, Short, Short),
+        ];
+        for (a, b, want) in pairs {
+            assert_eq!(a.and(b), want, "{a:?} and {b:?}");
+            assert_eq!(b.and(a), want, "{b:?} and {a:?}");
+        }
+        assert_eq!(Funds::default(), Untold);
     }
 }

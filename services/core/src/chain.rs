@@ -92,45 +92,312 @@ pub enum SendOutcome {
     InsufficientFunds {
         reason: String,
     },
+    /// The node did not take it: for now (`retryable`: its fees, its load) or for good (the
+    /// transaction as signed can never be accepted).
     Rejected {
         retryable: bool,
         reason: String,
     },
+    /// An error no row of [`SEND_ERRORS`] knows: the node may have taken the transaction. Never
+    /// a refusal: the transaction keeps its state and its nonce and is sent again later (the same
+    /// bytes, which the node then answers with "already known" or "nonce too low").
+    Unknown {
+        reason: String,
+    },
 }
 
-/// Classifies a JSON-RPC error of `eth_sendRawTransaction` (by message: anvil and geth share
-/// code -32003/-32000 for all of these, so the text is the only signal).
+/// What a known `eth_sendRawTransaction` error wording means (a row of [`SEND_ERRORS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendClass {
+    /// The node has this very transaction already: [`SendOutcome::PossiblySent`].
+    PossiblySent,
+    /// [`SendOutcome::NonceTooLow`].
+    NonceTooLow,
+    /// [`SendOutcome::InsufficientFunds`].
+    InsufficientFunds,
+    /// Not taken now, may be later (fees, the node's load or state): `Rejected { retryable: true }`.
+    Retryable,
+    /// Not taken and never will be as signed: `Rejected { retryable: false }`.
+    Refused,
+}
+
+/// The known error wordings of `eth_sendRawTransaction`: (lowercase substring, class, source).
+/// The first row whose substring the lowercased message contains decides; a message no row
+/// knows is [`SendOutcome::Unknown`]. Clients give the same codes (-32000, -32003, -32602) to
+/// very different answers, so the text is the signal. Sources, as read for this table:
+/// - geth (ethereum/go-ethereum): `core/txpool/errors.go`, `core/txpool/legacypool/legacypool.go`,
+///   `core/error.go`, `core/types/transaction.go`, `core/types/transaction_signing.go`;
+/// - Erigon (erigontech/erigon): `txnprovider/txpool/txpoolcfg/txpoolcfg.go`
+///   (`DiscardReason::String`; the RPC answer is "<IMPORT_RESULT>: <reason>");
+/// - Nethermind (NethermindEth/nethermind): `src/Nethermind/Nethermind.TxPool/AcceptTxResult.cs`
+///   and the phrases it uses, `Nethermind.TxPool/TxPoolErrorMessages.cs`,
+///   `Nethermind.Core/Messages/TxErrorMessages.cs`;
+/// - Besu (hyperledger/besu): `ethereum/core/.../transaction/TransactionInvalidReason.java` and the
+///   JSON-RPC messages it is answered with, `ethereum/api/.../response/RpcErrorType.java`;
+/// - anvil (foundry-rs/foundry): `crates/anvil/src/eth/error.rs` (`PoolError`,
+///   `InvalidTransactionError`, `BlockchainError` and their JSON-RPC messages).
+pub const SEND_ERRORS: [(&str, SendClass, &str); 45] = [
+    // The node's trouble, not the transaction's: it may or may not have taken it, so only ever
+    // "try again" (checked first, as before this table). Generic wordings of rate limiters and
+    // proxies; Nethermind `TxPoolErrorMessages.NodeIsSyncing`; geth legacypool
+    // `ErrTxPoolOverflow`; Erigon `PendingPoolOverflow` / `BaseFeePoolOverflow` /
+    // `QueuedPoolOverflow`.
+    (
+        "rate limit",
+        SendClass::Retryable,
+        "rate limiters (generic)",
+    ),
+    (
+        "too many requests",
+        SendClass::Retryable,
+        "HTTP 429 wording (generic)",
+    ),
+    (
+        "timeout",
+        SendClass::Retryable,
+        "proxies, Besu TIMEOUT_ERROR",
+    ),
+    ("timed out", SendClass::Retryable, "proxies (generic)"),
+    (
+        "node is syncing",
+        SendClass::Retryable,
+        "Nethermind TxPoolErrorMessages",
+    ),
+    (
+        "txpool is full",
+        SendClass::Retryable,
+        "geth legacypool ErrTxPoolOverflow",
+    ),
+    (
+        "sub-pool is full",
+        SendClass::Retryable,
+        "Erigon DiscardReason *PoolOverflow",
+    ),
+    // Not accepted as signed, and never will be: a refusal (FAILED, the nonce released). Before
+    // the "known transaction" row: anvil's "Unknown transaction type not supported" contains it.
+    (
+        "transaction type not supported",
+        SendClass::Refused,
+        "geth types.ErrTxTypeNotSupported, anvil UnknownTransactionType",
+    ),
+    (
+        "unsupported transaction type",
+        SendClass::Refused,
+        "Nethermind TxPoolErrorMessages.UnsupportedTransactionType",
+    ),
+    (
+        "invalid transaction type",
+        SendClass::Refused,
+        "Besu RpcErrorType.INVALID_TRANSACTION_TYPE",
+    ),
+    (
+        "transaction type is not activated",
+        SendClass::Refused,
+        "Erigon DiscardReason TypeNotActivated",
+    ),
+    (
+        "invalid sender",
+        SendClass::Refused,
+        "geth txpool.ErrInvalidSender, Erigon DiscardReason InvalidSender",
+    ),
+    (
+        "invalid signature",
+        SendClass::Refused,
+        "Besu RpcErrorType.INVALID_TRANSACTION_SIGNATURE",
+    ),
+    (
+        "signature is invalid",
+        SendClass::Refused,
+        "Nethermind TxErrorMessages.InvalidTxSignature",
+    ),
+    (
+        "failed to recover sender",
+        SendClass::Refused,
+        "Nethermind TxPoolErrorMessages.FailedToRecoverSender",
+    ),
+    (
+        "invalid chain id",
+        SendClass::Refused,
+        "geth types.ErrInvalidChainId, anvil InvalidChainId",
+    ),
+    (
+        "invalidtxchainid",
+        SendClass::Refused,
+        "Nethermind TxErrorMessages.InvalidTxChainId",
+    ),
+    (
+        "wrong chainid",
+        SendClass::Refused,
+        "Besu RpcErrorType.WRONG_CHAIN_ID",
+    ),
+    (
+        "signed for another chain",
+        SendClass::Refused,
+        "anvil IncompatibleEIP155",
+    ),
+    (
+        "intrinsic gas too low",
+        SendClass::Refused,
+        "geth core.ErrIntrinsicGas, anvil GasTooLow, Nethermind TxErrorMessages.IntrinsicGasTooLow",
+    ),
+    (
+        "intrinsicgas",
+        SendClass::Refused,
+        "Erigon DiscardReason IntrinsicGas",
+    ),
+    (
+        "intrinsic gas exceeds gas limit",
+        SendClass::Refused,
+        "Besu RpcErrorType.INTRINSIC_GAS_EXCEEDS_LIMIT",
+    ),
+    (
+        "intrinsic gas too high",
+        SendClass::Refused,
+        "anvil GasTooHigh",
+    ),
+    (
+        "exceeds block gas limit",
+        SendClass::Refused,
+        "geth txpool.ErrGasLimit, Besu RpcErrorType.EXCEEDS_BLOCK_GAS_LIMIT",
+    ),
+    (
+        "greater than the block gas limit",
+        SendClass::Refused,
+        "anvil TxGasLimitGreaterThanCap",
+    ),
+    (
+        "oversized data",
+        SendClass::Refused,
+        "geth txpool.ErrOversizedData, Erigon DiscardReason OversizedData",
+    ),
+    (
+        "transaction too large",
+        SendClass::Refused,
+        "Nethermind TxPoolErrorMessages.TransactionTooLarge",
+    ),
+    (
+        "rlptoolong",
+        SendClass::Refused,
+        "Erigon DiscardReason RLPTooLong",
+    ),
+    (
+        "negative value",
+        SendClass::Refused,
+        "geth txpool.ErrNegativeValue, Erigon DiscardReason NegativeValue",
+    ),
+    (
+        "max priority fee per gas higher than max fee per gas",
+        SendClass::Refused,
+        "geth core.ErrTipAboveFeeCap, anvil TipAboveFeeCap",
+    ),
+    (
+        "max priority fee per gas exceeds max fee per gas",
+        SendClass::Refused,
+        "Besu RpcErrorType.MAX_PRIORITY_FEE_PER_GAS_EXCEEDS_MAX_FEE_PER_GAS",
+    ),
+    (
+        "invalidmaxpriorityfeepergas",
+        SendClass::Refused,
+        "Nethermind TxErrorMessages.InvalidMaxPriorityFeePerGas",
+    ),
+    (
+        "failed to decode",
+        SendClass::Refused,
+        "anvil FailedToDecodeTransaction (invalid params)",
+    ),
+    // The node has this very transaction (pooled or imported): possibly sent.
+    (
+        "already known",
+        SendClass::PossiblySent,
+        "geth txpool.ErrAlreadyKnown, Nethermind TxPoolErrorMessages.AlreadyKnown, Erigon DiscardReason AlreadyKnown",
+    ),
+    (
+        "already imported",
+        SendClass::PossiblySent,
+        "anvil PoolError::AlreadyImported (\"transaction already imported\")",
+    ),
+    (
+        "known transaction",
+        SendClass::PossiblySent,
+        "Besu RpcErrorType.ETH_SEND_TX_ALREADY_KNOWN",
+    ),
+    (
+        "with same hash",
+        SendClass::PossiblySent,
+        "Erigon DiscardReason DuplicateHash (\"existing txn with same hash\")",
+    ),
+    // The nonce is used (by this transaction or another): the chain decides.
+    (
+        "nonce too low",
+        SendClass::NonceTooLow,
+        "geth core.ErrNonceTooLow, anvil NonceTooLow, Nethermind TxPoolErrorMessages.NonceTooLow, Erigon DiscardReason NonceTooLow, Besu RpcErrorType.NONCE_TOO_LOW",
+    ),
+    // The signer cannot pay: hold.
+    (
+        "insufficient funds",
+        SendClass::InsufficientFunds,
+        "geth core.ErrInsufficientFunds, anvil InsufficientFunds, Erigon DiscardReason InsufficientFunds, Nethermind AcceptTxResult.InsufficientFunds",
+    ),
+    (
+        "upfront cost exceeds account balance",
+        SendClass::InsufficientFunds,
+        "Besu RpcErrorType.TRANSACTION_UPFRONT_COST_EXCEEDS_BALANCE",
+    ),
+    // Its fees are too low for now (the base fee, the pool's minimum, a pooled transaction at
+    // its nonce): try again.
+    (
+        "underpriced",
+        SendClass::Retryable,
+        "geth txpool.ErrUnderpriced / ErrReplaceUnderpriced, Nethermind, Erigon, anvil ReplacementUnderpriced, Besu ETH_SEND_TX_REPLACEMENT_UNDERPRICED",
+    ),
+    (
+        "fee too low",
+        SendClass::Retryable,
+        "Erigon DiscardReason FeeTooLow",
+    ),
+    (
+        "max fee per gas less than block base fee",
+        SendClass::Retryable,
+        "geth core.ErrFeeCapTooLow, anvil FeeCapTooLow",
+    ),
+    (
+        "gas price below",
+        SendClass::Retryable,
+        "Besu RpcErrorType.GAS_PRICE_TOO_LOW / GAS_PRICE_BELOW_CURRENT_BASE_FEE",
+    ),
+    (
+        "could not replace existing tx",
+        SendClass::Retryable,
+        "Erigon DiscardReason NotReplaced",
+    ),
+];
+
+/// Classifies a JSON-RPC error of `eth_sendRawTransaction`: a rate-limit or internal-error code
+/// is "try again"; otherwise the first row of [`SEND_ERRORS`] the message contains (ignoring
+/// case) decides; a message no row knows is [`SendOutcome::Unknown`], never a refusal.
 pub fn classify_send_error(code: i64, message: &str) -> SendOutcome {
-    let m = message.to_ascii_lowercase();
+    let m = message.to_lowercase();
     let reason = format!("{code}: {message}");
-    if rate_limited(code)
-        || code == -32603
-        || m.contains("rate limit")
-        || m.contains("too many requests")
-        || m.contains("timeout")
-        || m.contains("timed out")
-    {
+    if rate_limited(code) || code == -32603 {
         // About the node, not the transaction: it may or may not have taken it.
-        SendOutcome::Rejected {
+        return SendOutcome::Rejected {
             retryable: true,
             reason,
-        }
-    } else if m.contains("already known") || m.contains("already imported") {
-        SendOutcome::PossiblySent { reason }
-    } else if m.contains("nonce too low") {
-        SendOutcome::NonceTooLow { reason }
-    } else if m.contains("insufficient funds") {
-        SendOutcome::InsufficientFunds { reason }
-    } else if m.contains("underpriced") || m.contains("less than block base fee") {
-        SendOutcome::Rejected {
+        };
+    }
+    match SEND_ERRORS.iter().find(|(s, _, _)| m.contains(s)) {
+        Some((_, SendClass::PossiblySent, _)) => SendOutcome::PossiblySent { reason },
+        Some((_, SendClass::NonceTooLow, _)) => SendOutcome::NonceTooLow { reason },
+        Some((_, SendClass::InsufficientFunds, _)) => SendOutcome::InsufficientFunds { reason },
+        Some((_, SendClass::Retryable, _)) => SendOutcome::Rejected {
             retryable: true,
             reason,
-        }
-    } else {
-        SendOutcome::Rejected {
+        },
+        Some((_, SendClass::Refused, _)) => SendOutcome::Rejected {
             retryable: false,
             reason,
-        }
+        },
+        None => SendOutcome::Unknown { reason },
     }
 }
 
@@ -765,54 +1032,266 @@ mod tests {
         assert!(!rate_limited(-32000));
     }
 
-    #[test]
-    fn send_errors_are_classified_by_message() {
-        assert!(matches!(
-            classify_send_error(-32003, "transaction already imported"),
-            SendOutcome::PossiblySent { .. }
-        ));
-        assert!(matches!(
-            classify_send_error(-32000, "already known"),
-            SendOutcome::PossiblySent { .. }
-        ));
-        assert!(matches!(
-            classify_send_error(-32003, "nonce too low"),
-            SendOutcome::NonceTooLow { .. }
-        ));
-        assert!(matches!(
-            classify_send_error(-32003, "Insufficient funds for gas * price + value"),
-            SendOutcome::InsufficientFunds { .. }
-        ));
-        assert!(matches!(
-            classify_send_error(-32003, "replacement transaction underpriced"),
+    /// One real wording per row of [`SEND_ERRORS`], as the client sends it, and its outcome.
+    const SEND_ERROR_EXAMPLES: [(i64, &str, SendClass); 45] = [
+        (
+            -32000,
+            "rate limit reached, retry later",
+            SendClass::Retryable,
+        ),
+        (-32000, "Too Many Requests", SendClass::Retryable),
+        (-32000, "Timeout expired", SendClass::Retryable),
+        (-32000, "request timed out", SendClass::Retryable),
+        (-32000, "node is syncing", SendClass::Retryable),
+        (-32000, "txpool is full", SendClass::Retryable),
+        (-32000, "queued sub-pool is full", SendClass::Retryable),
+        (-32602, "transaction type not supported", SendClass::Refused),
+        (-32000, "unsupported transaction type", SendClass::Refused),
+        (-32602, "Invalid transaction type", SendClass::Refused),
+        (
+            -32000,
+            "INVALID: fork supporting this transaction type is not activated yet",
+            SendClass::Refused,
+        ),
+        (-32000, "invalid sender", SendClass::Refused),
+        (-32002, "Invalid signature", SendClass::Refused),
+        (
+            -32000,
+            "InvalidTxSignature: Signature is invalid.",
+            SendClass::Refused,
+        ),
+        (-32000, "failed to recover sender", SendClass::Refused),
+        (-32003, "invalid chain id for signer", SendClass::Refused),
+        (
+            -32000,
+            "InvalidTxChainId: Expected 1, got 5.",
+            SendClass::Refused,
+        ),
+        (-32000, "Wrong chainId", SendClass::Refused),
+        (
+            -32003,
+            "Incompatible EIP-155 transaction, signed for another chain",
+            SendClass::Refused,
+        ),
+        (-32000, "intrinsic gas too low", SendClass::Refused),
+        (-32000, "INVALID: IntrinsicGas", SendClass::Refused),
+        (
+            -32003,
+            "Intrinsic gas exceeds gas limit",
+            SendClass::Refused,
+        ),
+        (
+            -32000,
+            "intrinsic gas too high -- CallerGasLimitMoreThanBlock",
+            SendClass::Refused,
+        ),
+        (-32000, "exceeds block gas limit", SendClass::Refused),
+        (
+            -32003,
+            "Transaction gas limit is greater than the block gas limit, gas_limit: 40000000, cap: 30000000",
+            SendClass::Refused,
+        ),
+        (-32000, "oversized data", SendClass::Refused),
+        (-32000, "transaction too large", SendClass::Refused),
+        (-32000, "INVALID: RLPTooLong", SendClass::Refused),
+        (-32000, "negative value", SendClass::Refused),
+        (
+            -32003,
+            "max priority fee per gas higher than max fee per gas",
+            SendClass::Refused,
+        ),
+        (
+            -32000,
+            "Max priority fee per gas exceeds max fee per gas",
+            SendClass::Refused,
+        ),
+        (
+            -32000,
+            "InvalidMaxPriorityFeePerGas: Cannot be higher than maxFeePerGas.",
+            SendClass::Refused,
+        ),
+        (-32602, "Failed to decode transaction", SendClass::Refused),
+        (-32000, "already known", SendClass::PossiblySent),
+        (
+            -32003,
+            "transaction already imported",
+            SendClass::PossiblySent,
+        ),
+        (-32000, "Known transaction", SendClass::PossiblySent),
+        (
+            -32000,
+            "INTERNAL_ERROR: existing txn with same hash",
+            SendClass::PossiblySent,
+        ),
+        (-32003, "nonce too low", SendClass::NonceTooLow),
+        (
+            -32003,
+            "Insufficient funds for gas * price + value",
+            SendClass::InsufficientFunds,
+        ),
+        (
+            -32004,
+            "Upfront cost exceeds account balance",
+            SendClass::InsufficientFunds,
+        ),
+        (
+            -32003,
+            "replacement transaction underpriced",
+            SendClass::Retryable,
+        ),
+        (-32000, "FEE_TOO_LOW: fee too low", SendClass::Retryable),
+        (
+            -32003,
+            "max fee per gas less than block base fee",
+            SendClass::Retryable,
+        ),
+        (
+            -32009,
+            "Gas price below current base fee",
+            SendClass::Retryable,
+        ),
+        (
+            -32000,
+            "NOT_REPLACED: could not replace existing tx",
+            SendClass::Retryable,
+        ),
+    ];
+
+    fn class_of(outcome: &SendOutcome) -> Option<SendClass> {
+        match outcome {
+            SendOutcome::PossiblySent { .. } => Some(SendClass::PossiblySent),
+            SendOutcome::NonceTooLow { .. } => Some(SendClass::NonceTooLow),
+            SendOutcome::InsufficientFunds { .. } => Some(SendClass::InsufficientFunds),
             SendOutcome::Rejected {
-                retryable: true,
-                ..
-            }
-        ));
+                retryable: true, ..
+            } => Some(SendClass::Retryable),
+            SendOutcome::Rejected {
+                retryable: false, ..
+            } => Some(SendClass::Refused),
+            SendOutcome::Accepted | SendOutcome::Unknown { .. } => None,
+        }
+    }
+
+    #[test]
+    fn each_row_of_the_send_error_table_classifies_its_wording() {
+        for (i, ((code, message, want), (substring, class, source))) in SEND_ERROR_EXAMPLES
+            .iter()
+            .zip(SEND_ERRORS.iter())
+            .enumerate()
+        {
+            assert_eq!(
+                *substring,
+                substring.to_lowercase(),
+                "row {i}: substrings are lowercase"
+            );
+            assert!(!source.is_empty(), "row {i} names its source");
+            assert!(
+                message.to_lowercase().contains(substring),
+                "row {i}: the example {message:?} is of the row {substring:?}"
+            );
+            // The example is decided by its own row (no earlier row takes it).
+            let first = SEND_ERRORS
+                .iter()
+                .position(|(s, _, _)| message.to_lowercase().contains(s));
+            assert_eq!(
+                first,
+                Some(i),
+                "{message:?} is decided by row {i} ({substring:?})"
+            );
+            assert_eq!(class, want, "row {i} ({substring:?})");
+            let outcome = classify_send_error(*code, message);
+            assert_eq!(
+                class_of(&outcome),
+                Some(*want),
+                "{code} {message}: {outcome:?}"
+            );
+            let reason = match &outcome {
+                SendOutcome::PossiblySent { reason }
+                | SendOutcome::NonceTooLow { reason }
+                | SendOutcome::InsufficientFunds { reason }
+                | SendOutcome::Rejected { reason, .. }
+                | SendOutcome::Unknown { reason } => reason.clone(),
+                SendOutcome::Accepted => String::new(),
+            };
+            assert_eq!(reason, format!("{code}: {message}"));
+        }
+        assert_eq!(SEND_ERROR_EXAMPLES.len(), SEND_ERRORS.len());
+    }
+
+    #[test]
+    fn a_send_error_no_row_knows_is_unknown_never_a_refusal() {
+        for (code, message) in [
+            (-32000, "something went wrong"),
+            (-32000, ""),
+            (-32003, "transaction rejected"),
+            (-32000, "INVALID: spammer"),
+            (-32000, "sender not an eoa"),
+            (-32010, "custom gateway error 7f3a"),
+            (-32602, "invalid argument 0: json: cannot unmarshal"),
+            (3, "execution reverted"),
+        ] {
+            assert_eq!(
+                classify_send_error(code, message),
+                SendOutcome::Unknown {
+                    reason: format!("{code}: {message}")
+                },
+                "{code} {message:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn send_errors_are_classified_whatever_their_case() {
+        for (message, want) in [
+            ("ALREADY KNOWN", SendClass::PossiblySent),
+            ("Already Known", SendClass::PossiblySent),
+            ("NONCE TOO LOW", SendClass::NonceTooLow),
+            (
+                "Nonce Too Low: next nonce 4, tx nonce 3",
+                SendClass::NonceTooLow,
+            ),
+            (
+                "INSUFFICIENT FUNDS for gas * price + value",
+                SendClass::InsufficientFunds,
+            ),
+            ("Replacement Transaction Underpriced", SendClass::Retryable),
+            ("INVALID SENDER", SendClass::Refused),
+            ("invalidtxchainid: expected 1, got 5.", SendClass::Refused),
+        ] {
+            assert_eq!(
+                class_of(&classify_send_error(-32000, message)),
+                Some(want),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn rate_limit_and_internal_error_codes_are_retried_whatever_the_message() {
         for (code, message) in [
             (-32005, "limit exceeded"),
             (429, "too many requests"),
             (-32603, "internal error"),
-            (-32000, "request timed out"),
+            // A wording of no row, or even of a refusal: the node's trouble decides.
+            (-32603, "something went wrong"),
+            (-32005, "Transaction gas limit exceeds block gas limit"),
         ] {
-            assert!(
-                matches!(
-                    classify_send_error(code, message),
-                    SendOutcome::Rejected {
-                        retryable: true,
-                        ..
-                    }
-                ),
+            assert_eq!(
+                class_of(&classify_send_error(code, message)),
+                Some(SendClass::Retryable),
                 "{code} {message}: the node's trouble, not the transaction's"
             );
         }
-        assert!(matches!(
-            classify_send_error(-32602, "Failed to decode transaction"),
-            SendOutcome::Rejected {
-                retryable: false,
-                ..
-            }
-        ));
+    }
+
+    #[test]
+    fn anvils_unknown_transaction_type_is_a_refusal_not_a_known_transaction() {
+        assert_eq!(
+            class_of(&classify_send_error(
+                -32602,
+                "Unknown transaction type not supported"
+            )),
+            Some(SendClass::Refused)
+        );
     }
 }
