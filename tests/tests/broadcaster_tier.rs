@@ -14,6 +14,11 @@
 //! 4. "nonce too low" for a transaction the chain does not know: REPLACED when the chain's nonce
 //!    is past ours, undecided (still SIGNED) when it is not.
 //! 5. A drive under a stolen lease is `LeaseLost` and writes nothing.
+//! 6. A hold clears only when the node took a send: no RPC error, refusal, replaced nonce or
+//!    undecided "nonce too low" clears it.
+//! 7. A hold set by a resubmission clears when a later resend is taken, with nothing SIGNED.
+//! 8. A recovery drive whose SIGNED send is refused for funds keeps the hold though a resend is
+//!    taken in the same drive: the hold does not come and go on every recovery drive.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -218,6 +223,41 @@ impl Tier {
             .unwrap_or_else(|e| panic!("the drive failed: {e:?}"))
     }
 
+    /// One drive of the recovery scan (SIGNED sends, then due resubmissions), which must succeed.
+    async fn drive_recovery(&self) -> Vec<Output> {
+        self.stage
+            .drive(DriveCtx {
+                lease: &self.lease,
+                pool: self.pool(),
+                recovery: true,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("the recovery drive failed: {e:?}"))
+    }
+
+    /// Makes the transaction's latest attempt due for resubmission now.
+    async fn make_due(&self, s: &Seeded) {
+        let done = sqlx::query(
+            "UPDATE tx_attempts SET next_resubmit_at = now() - interval '1 second'
+             WHERE tx_id = $1 AND next_resubmit_at IS NOT NULL",
+        )
+        .bind(s.tx_id)
+        .execute(self.pool())
+        .await
+        .expect("make the resubmission due");
+        assert_eq!(done.rows_affected(), 1, "a resubmission is tracked");
+    }
+
+    /// Scripts "insufficient funds" for the next send and drives: the signer is held.
+    async fn hold_for_funds(&self) {
+        self.chain.script_send(SendOutcome::InsufficientFunds {
+            reason: "-32003: insufficient funds for gas * price + value".into(),
+        });
+        self.drive_ok().await;
+        let holds = self.holds().await;
+        assert_eq!(holds.len(), 1, "held: {holds:?}");
+    }
+
     async fn tx(&self, s: &Seeded) -> TxRow {
         let (state, failure_code, nonce_released, fencing_token): (
             String,
@@ -283,6 +323,25 @@ impl Tier {
         .fetch_all(self.pool())
         .await
         .expect("signer_holds")
+    }
+
+    /// The broadcaster's hold of the signer: `(reason, since)`, `since` as text.
+    async fn hold_since(&self) -> Option<(String, String)> {
+        sqlx::query_as(
+            "SELECT reason, since::text FROM signer_holds
+             WHERE role = $1 AND chain_id = $2 AND signer = $3",
+        )
+        .bind(Role::Broadcaster.as_str())
+        .bind(CHAIN_ID)
+        .bind(self.signer())
+        .fetch_optional(self.pool())
+        .await
+        .expect("signer_holds")
+    }
+
+    /// The kinds of the transaction's `tx_events` rows, oldest first.
+    async fn event_kinds(&self, s: &Seeded) -> Vec<String> {
+        self.events(s).await.into_iter().map(|e| e.kind).collect()
     }
 
     /// `(submitted_at is set, next_resubmit_at is set)` of the transaction's attempt 1.
@@ -599,4 +658,196 @@ async fn a_drive_under_a_stolen_lease_is_lease_lost_and_writes_nothing() {
         Some(new.token().0),
         "under the new token"
     );
+}
+
+/// What stops a held signer's next drive, the node having taken nothing.
+#[derive(Debug, Clone, Copy)]
+enum NotTaken {
+    /// `send_raw` fails as an unavailable node.
+    SendUnavailable,
+    /// The node refuses the transaction for now.
+    RetryableRefusal,
+    /// "nonce too low" while the chain has not passed our nonce: undecided.
+    UndecidedNonceTooLow,
+    /// "nonce too low", and asking the chain whether it knows our hash fails.
+    NonceTooLowUnanswered,
+    /// The node refuses the transaction for good: FAILED.
+    PermanentRefusal,
+    /// The nonce was used outside txflow: REPLACED.
+    Replaced,
+}
+
+/// 6. A hold clears only when the node took a send (accepted, already known, or "nonce too low"
+///    for one of our own hashes). Each stop that proves nothing of the kind — an RPC error, a
+///    retryable refusal, an undecided or unanswered "nonce too low", a permanent refusal, a
+///    replaced nonce — leaves the hold (and its alert) in place; the next send the node accepts
+///    clears it. Each case on a fresh database and chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_clears_only_when_the_node_took_a_send() {
+    use NotTaken::*;
+    // (case, the state the drive leaves the transaction in)
+    let cases = [
+        (SendUnavailable, "SIGNED"),
+        (RetryableRefusal, "SIGNED"),
+        (UndecidedNonceTooLow, "SIGNED"),
+        (NonceTooLowUnanswered, "SIGNED"),
+        (PermanentRefusal, "FAILED"),
+        (Replaced, "REPLACED"),
+    ];
+    let mut cleared = Vec::new();
+    for (case, state) in cases {
+        let t = Tier::new().await;
+        let s = if matches!(case, UndecidedNonceTooLow) {
+            // The chain's latest nonce is 1: nonce 0 is used, ours (1) is not.
+            t.chain.use_nonce_elsewhere(t.address(), 0);
+            t.seed_signed(1).await
+        } else {
+            t.seed_signed(0).await
+        };
+        t.hold_for_funds().await;
+        let held = t.hold_since().await;
+
+        match case {
+            SendUnavailable => t.chain.fail_next("send_raw", 1),
+            RetryableRefusal => t.chain.script_send(SendOutcome::Rejected {
+                retryable: true,
+                reason: "-32603: replacement transaction underpriced".into(),
+            }),
+            UndecidedNonceTooLow => t.chain.script_send(SendOutcome::NonceTooLow {
+                reason: "-32003: nonce too low".into(),
+            }),
+            NonceTooLowUnanswered => {
+                t.chain.script_send(SendOutcome::NonceTooLow {
+                    reason: "-32003: nonce too low".into(),
+                });
+                t.chain.fail_next("knows_transaction", 1);
+            }
+            PermanentRefusal => t.chain.script_send(SendOutcome::Rejected {
+                retryable: false,
+                reason: "-32000: invalid sender".into(),
+            }),
+            Replaced => t.chain.use_nonce_elsewhere(t.address(), 0),
+        }
+        t.drive_ok().await;
+
+        assert_eq!(t.state(&s).await, state, "{case:?}");
+        assert!(!t.pooled(&s), "{case:?}: the node took nothing");
+        if t.hold_since().await != held {
+            cleared.push(case);
+        }
+        if state == "SIGNED" {
+            // The node accepts now: the hold clears.
+            t.drive_ok().await;
+            assert_eq!(t.state(&s).await, "SUBMITTED", "{case:?}");
+            assert!(t.pooled(&s), "{case:?}");
+            assert!(
+                t.holds().await.is_empty(),
+                "{case:?}: an accepted send clears the hold"
+            );
+        }
+    }
+    assert!(
+        cleared.is_empty(),
+        "the hold was cleared (or changed) though the node took nothing, after: {cleared:?}"
+    );
+}
+
+/// 7. "insufficient funds" on a resubmission holds the signer, who has nothing SIGNED; a resend
+///    the node does not take (an RPC error, "nonce too low", which is recorded) leaves the hold;
+///    the next resend the node takes ("already known": its pool still holds it) clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_set_by_a_resubmission_clears_when_a_resend_is_taken() {
+    let t = Tier::new().await;
+    let s = t.seed_signed(0).await;
+    t.drive_ok().await;
+    assert_eq!(t.state(&s).await, "SUBMITTED");
+    assert!(t.pooled(&s));
+
+    t.make_due(&s).await;
+    t.chain.script_send(SendOutcome::InsufficientFunds {
+        reason: "-32003: insufficient funds for gas * price + value".into(),
+    });
+    t.drive_recovery().await;
+    let held = t.hold_since().await;
+    let Some((reason, _)) = &held else {
+        panic!("a resend refused for funds holds the signer");
+    };
+    assert!(reason.contains("insufficient funds"), "{reason}");
+    assert_eq!(t.event_kinds(&s).await, ["TxSubmitted"], "nothing recorded");
+    assert_eq!(t.received(&s), 2, "sent, then resent");
+
+    // The node is unavailable: the resend proves nothing.
+    t.chain.fail_next("send_raw", 1);
+    t.drive_recovery().await;
+    assert_eq!(t.hold_since().await, held, "an RPC error cleared the hold");
+    assert_eq!(t.received(&s), 2);
+
+    // "nonce too low": recorded as resent, but the node took nothing.
+    t.chain.script_send(SendOutcome::NonceTooLow {
+        reason: "-32003: nonce too low".into(),
+    });
+    t.drive_recovery().await;
+    assert_eq!(
+        t.event_kinds(&s).await,
+        ["TxSubmitted", "TxResubmitted"],
+        "the resend is recorded"
+    );
+    assert_eq!(
+        t.hold_since().await,
+        held,
+        "\"nonce too low\" cleared the hold"
+    );
+
+    // The node takes it ("already known"): the hold clears.
+    t.make_due(&s).await;
+    t.drive_recovery().await;
+    assert_eq!(t.received(&s), 4);
+    assert_eq!(
+        t.event_kinds(&s).await,
+        ["TxSubmitted", "TxResubmitted", "TxResubmitted"]
+    );
+    assert_eq!(t.state(&s).await, "SUBMITTED");
+    assert!(
+        t.holds().await.is_empty(),
+        "a resend the node took did not clear the hold: {:?}",
+        t.holds().await
+    );
+}
+
+/// 8. One recovery drive sends a SIGNED transaction, refused for funds, and resends a submitted
+///    one the node takes ("already known"): the drive's verdict is the refusal, the hold stays.
+///    Two such drives keep the same hold row (`since` unchanged): it does not come and go, and
+///    the alert does not fire again, on every recovery drive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_taken_does_not_clear_a_hold_set_in_the_same_drive() {
+    let t = Tier::new().await;
+    let first = t.seed_signed(0).await;
+    t.drive_ok().await;
+    assert_eq!(t.state(&first).await, "SUBMITTED");
+    let second = t.seed_signed(1).await;
+
+    let mut since = None;
+    for round in 0..2 {
+        t.make_due(&first).await;
+        // The first send of the drive is the SIGNED one (nonce 1).
+        t.chain.script_send(SendOutcome::InsufficientFunds {
+            reason: "-32003: insufficient funds for gas * price + value".into(),
+        });
+        t.drive_recovery().await;
+        assert_eq!(t.state(&second).await, "SIGNED", "round {round}");
+        assert_eq!(
+            t.event_kinds(&first).await.len(),
+            2 + round,
+            "round {round}: the resend of nonce 0 is recorded"
+        );
+        let Some((reason, at)) = t.hold_since().await else {
+            panic!("round {round}: the hold was cleared in the drive that set it");
+        };
+        assert!(reason.contains("insufficient funds"), "{reason}");
+        assert_eq!(
+            *since.get_or_insert(at.clone()),
+            at,
+            "round {round}: the hold was cleared and set again"
+        );
+    }
 }

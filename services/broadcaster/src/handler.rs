@@ -27,7 +27,7 @@ use txflow_core::state::{FAIL_SIGNED, Move, REPLACE, RESUBMIT, SUBMIT};
 use uuid::Uuid;
 
 use crate::config::BroadcasterConfig;
-use crate::decide::{self, Answer, NonceTooLow, Record, Resent, Stop};
+use crate::decide::{self, Answer, Funds, NonceTooLow, Record, Resent, Stop};
 use crate::store::{self, DueRow, FailSigned, Row, SignedRow, Submit};
 
 /// The broadcaster's handler.
@@ -137,11 +137,19 @@ impl Handler for BroadcastStage {
     }
 
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
-        let outputs = self.send_signed(&ctx).await?;
+        let (outputs, mut funds) = self.send_signed(&ctx).await?;
         // Resubmissions are due every few seconds at most: the recovery scan's drives (which
         // include every signer with one due) are enough, not every batch's.
         if ctx.recovery {
-            self.resubmit(&ctx).await?;
+            funds = funds.and(self.resubmit(&ctx).await?);
+        }
+        // A refusal for funds held the signer where it happened. The hold clears only when a node
+        // took a send of this drive and none was refused for funds ([`Funds`]); a drive that
+        // failed clears nothing.
+        if funds == Funds::Paid {
+            txflow_core::holds::resume(ctx.pool, ctx.lease.key())
+                .await
+                .map_err(db("resume"))?;
         }
         Ok(outputs)
     }
@@ -156,17 +164,18 @@ enum Emit {
 impl BroadcastStage {
     /// Sends the signer's SIGNED transactions in nonce order, outside any transaction, and records
     /// what the node said; stops at the first one that must wait (later nonces would only queue
-    /// behind it).
-    async fn send_signed(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+    /// behind it). Holds the signer on "insufficient funds"; returns the outputs and what the
+    /// sends said about the funds.
+    async fn send_signed(&self, ctx: &DriveCtx<'_>) -> Result<(Vec<Output>, Funds), HandlerError> {
         let key = ctx.lease.key();
         let signed = store::signed_rows(ctx.pool, key)
             .await
             .map_err(db("list signed"))?;
+        let mut funds = Funds::Untold;
         if signed.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), funds));
         }
         let mut recorded = Vec::new();
-        let mut held = false;
         for row in signed {
             let nonce = row.nonce;
             let answer = match self.chain.send_raw(&row.raw_tx).await {
@@ -186,13 +195,17 @@ impl BroadcastStage {
                     }
                 },
             };
-            match sent.split() {
+            let split = sent.split();
+            funds = funds.and(match &split {
+                Ok(record) => record.funds(),
+                Err(stop) => stop.funds(),
+            });
+            match split {
                 Ok(record) => recorded.push((row, record)),
                 Err(Stop::Hold(reason)) => {
                     txflow_core::holds::hold(ctx.pool, key, &reason)
                         .await
                         .map_err(db("hold"))?;
-                    held = true;
                     break;
                 }
                 Err(Stop::Wait(reason)) => {
@@ -202,16 +215,11 @@ impl BroadcastStage {
                 Err(Stop::Undecided) => break,
             }
         }
-        if !held {
-            txflow_core::holds::resume(ctx.pool, key)
-                .await
-                .map_err(db("resume"))?;
-        }
         if recorded.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), funds));
         }
         txflow_core::fault::point(txflow_core::fault::AFTER_CALL);
-        self.record_sends(ctx, recorded).await
+        Ok((self.record_sends(ctx, recorded).await?, funds))
     }
 
     /// "nonce too low": asks the chain whether it knows one of the transaction's hashes and, if
@@ -362,14 +370,16 @@ impl BroadcastStage {
 
     /// Sends again, every `resubmit_interval`, the latest attempt of each submitted transaction
     /// the chain has not mined yet (a node may drop what it accepted); stops tracking the ones
-    /// whose nonce the chain has passed.
-    async fn resubmit(&self, ctx: &DriveCtx<'_>) -> Result<(), HandlerError> {
+    /// whose nonce the chain has passed. Holds the signer on "insufficient funds"; returns what
+    /// the resends said about the funds.
+    async fn resubmit(&self, ctx: &DriveCtx<'_>) -> Result<Funds, HandlerError> {
         let key = ctx.lease.key();
+        let mut funds = Funds::Untold;
         let due = store::due_resubmissions(ctx.pool, key)
             .await
             .map_err(db("list due resubmissions"))?;
         if due.is_empty() {
-            return Ok(());
+            return Ok(funds);
         }
         let address =
             signer_address(key).map_err(|e| HandlerError::classified("signer address", e))?;
@@ -383,12 +393,11 @@ impl BroadcastStage {
         let mut resent = Vec::new();
         for d in split.resend {
             let nonce = d.nonce;
-            match self
-                .chain
-                .send_raw(&d.raw_tx)
-                .await
-                .map(decide::classify_resend)
-            {
+            let answer = self.chain.send_raw(&d.raw_tx).await.map(|outcome| {
+                funds = funds.and(decide::resend_funds(&outcome));
+                decide::classify_resend(outcome)
+            });
+            match answer {
                 Ok(Resent::Sent) => {
                     tracing::info!(signer = %key.signer, nonce, attempt = d.attempt, "resubmitted");
                     resent.push(d);
@@ -410,7 +419,7 @@ impl BroadcastStage {
             }
         }
         if passed.is_empty() && resent.is_empty() {
-            return Ok(());
+            return Ok(funds);
         }
         let token = ctx.lease.token().0;
         let rows = resent
@@ -430,6 +439,6 @@ impl BroadcastStage {
         store::passed(&mut w, &passed).await?;
         store::resubmitted(&mut w, &rows, self.config.resubmit_interval).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(funds)
     }
 }
