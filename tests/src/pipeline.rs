@@ -29,6 +29,9 @@ use crate::{AnvilNode, TestDb, kafka_settings, producer, registry_url, unique};
 /// Where every test request sends its value.
 pub const SINK: &str = "0x000000000000000000000000000000000000dead";
 
+/// Who requests the commands of [`Pipeline::command`] (`requested_by`, recorded as the approver).
+pub const APPROVER: &str = "ops@example.com";
+
 /// A chain, a database and topics of the test's own, funded signers, and the stages started on it.
 pub struct Pipeline {
     pub anvil: AnvilNode,
@@ -234,13 +237,19 @@ impl Pipeline {
 
     /// Publishes an operator command (approve, cancel) for transaction `tx_id` of signer 0.
     pub async fn command(&self, tx_id: &str, kind: TxCommandKind) {
+        self.command_as(0, tx_id, kind).await;
+    }
+
+    /// Publishes an operator command for transaction `tx_id`, keyed by (and naming) signer
+    /// `signer`, requested by [`APPROVER`]: the transaction need not be that signer's.
+    pub async fn command_as(&self, signer: usize, tx_id: &str, kind: TxCommandKind) {
         let c = TxCommand {
             event_id: uuid::Uuid::new_v4().to_string(),
             tx_id: tx_id.to_string(),
             chain_id: 31337,
-            signer: self.signer(0),
+            signer: self.signer(signer),
             command: kind,
-            requested_by: "ops@example.com".into(),
+            requested_by: APPROVER.into(),
             reason: Some("test".into()),
         };
         let topic = self.config.topics.tx_commands();
@@ -249,7 +258,7 @@ impl Pipeline {
             .encode(&topic, Subjects::TopicName, &c)
             .await
             .expect("encode");
-        self.send_to(&topic, &signer_key(31337, &self.signer(0)), &bytes)
+        self.send_to(&topic, &signer_key(31337, &self.signer(signer)), &bytes)
             .await;
     }
 

@@ -7,7 +7,7 @@
 use alloy::primitives::{Address, Bytes, U256};
 use txflow_core::chain::Simulation;
 use txflow_core::domain::{ChainId, Signer, TxPayload};
-use txflow_core::events::{TxAllocated, TxCommandKind, TxRequest};
+use txflow_core::events::{TxAllocated, TxCommand, TxCommandKind, TxRequest};
 use txflow_core::failure::FailureCode;
 use txflow_core::policy::{Policy, Verdict};
 use txflow_core::stage::Rejection;
@@ -295,9 +295,21 @@ pub fn noop_payload(signer: &Signer, fees: (u128, u128)) -> TxPayload {
     }
 }
 
-/// What an operator command does to a transaction in `state` (`None`: no such transaction of
-/// the signer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where the transaction a command names was found. The command's own signer is read under its
+/// lease (the row locked); a transaction of any other (chain, signer) is only looked up, never
+/// touched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandTarget {
+    /// A transaction of the command's signer on the command's chain, in this state.
+    Own(TxState),
+    /// A transaction of another signer or chain (where it is).
+    Foreign { chain_id: ChainId, signer: String },
+    /// No transaction has this id.
+    Unknown,
+}
+
+/// What an operator command does to the transaction it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CommandDecision {
     /// PENDING_APPROVAL → SIMULATED, approver recorded.
     Approve,
@@ -305,13 +317,57 @@ pub enum CommandDecision {
     CancelUnallocated,
     /// ALLOCATED (not signed yet) → FAILED (CANCELLED), nonce released.
     CancelAllocated,
-    /// Nothing to do in this state (said why).
+    /// The signer's transaction, in a state where the command does nothing (said why): a no-op,
+    /// so that a redelivered or repeated command is never dead-lettered.
     Ignore(&'static str),
+    /// Not a transaction of the signer the command is keyed by (`TX_NOT_OF_SIGNER`), or no
+    /// transaction at all (`UNKNOWN_TX`): dead-lettered, nothing changes.
+    Reject(Rejection),
 }
 
-pub fn decide_command(kind: TxCommandKind, state: Option<TxState>) -> CommandDecision {
-    let Some(state) = state else {
-        return CommandDecision::Ignore("no such transaction of this signer");
+fn command_name(kind: TxCommandKind) -> &'static str {
+    match kind {
+        TxCommandKind::Approve => "APPROVE",
+        TxCommandKind::Cancel => "CANCEL",
+        TxCommandKind::Bump => "BUMP",
+    }
+}
+
+/// What command `c` does to its target. Approve and cancel act only on a transaction of the
+/// signer (and chain) the command is keyed by; a bump is the signer gateway's, ignored here
+/// whatever it names.
+pub fn decide_command(c: &TxCommand, target: &CommandTarget) -> CommandDecision {
+    let kind = c.command;
+    if kind == TxCommandKind::Bump {
+        return CommandDecision::Ignore("bumps are the signer gateway's");
+    }
+    let state = match target {
+        CommandTarget::Own(state) => *state,
+        CommandTarget::Foreign { chain_id, signer } => {
+            return CommandDecision::Reject(Rejection::new(
+                "TX_NOT_OF_SIGNER",
+                format!(
+                    "{} of transaction {} keyed by signer {} on chain {}: it is a transaction \
+                     of signer {signer} on chain {chain_id}",
+                    command_name(kind),
+                    c.tx_id,
+                    c.signer,
+                    c.chain_id
+                ),
+            ));
+        }
+        CommandTarget::Unknown => {
+            return CommandDecision::Reject(Rejection::new(
+                "UNKNOWN_TX",
+                format!(
+                    "{} of transaction {} keyed by signer {} on chain {}: no such transaction",
+                    command_name(kind),
+                    c.tx_id,
+                    c.signer,
+                    c.chain_id
+                ),
+            ));
+        }
     };
     match kind {
         TxCommandKind::Bump => CommandDecision::Ignore("bumps are the signer gateway's"),
@@ -488,17 +544,45 @@ mod tests {
         ));
     }
 
+    fn command(kind: TxCommandKind) -> TxCommand {
+        TxCommand {
+            event_id: "e".into(),
+            tx_id: "0190f0e0-0000-7000-8000-000000000001".into(),
+            chain_id: 31337,
+            signer: TO.into(),
+            command: kind,
+            requested_by: "ops".into(),
+            reason: None,
+        }
+    }
+
+    fn rejected(d: &CommandDecision) -> Option<&str> {
+        match d {
+            CommandDecision::Reject(r) => Some(r.code.as_str()),
+            _ => None,
+        }
+    }
+
     #[test]
-    fn commands_act_only_in_their_states() {
+    fn commands_act_only_on_their_signers_transactions_in_their_states() {
         use CommandDecision::*;
+        let (approve, cancel, bump) = (
+            command(TxCommandKind::Approve),
+            command(TxCommandKind::Cancel),
+            command(TxCommandKind::Bump),
+        );
+        // The signer's own transaction: a move in the states where the command acts, otherwise a
+        // no-op, never a dead letter (a redelivered or repeated command finds the state moved on).
         for s in TxState::ALL {
-            let approve = decide_command(TxCommandKind::Approve, Some(s));
+            let own = CommandTarget::Own(s);
+            let a = decide_command(&approve, &own);
             assert_eq!(
-                approve == Approve,
+                a == Approve,
                 s == TxState::PendingApproval,
                 "approve in {s}"
             );
-            let cancel = decide_command(TxCommandKind::Cancel, Some(s));
+            assert!(matches!(a, Approve | Ignore(_)), "approve in {s}: {a:?}");
+            let c = decide_command(&cancel, &own);
             let expected = match s {
                 TxState::Received | TxState::Simulated | TxState::PendingApproval => {
                     Some(CancelUnallocated)
@@ -513,18 +597,85 @@ mod tests {
                 | TxState::Failed => None,
             };
             match expected {
-                Some(want) => assert_eq!(cancel, want, "cancel in {s}"),
-                None => assert!(matches!(cancel, Ignore(_)), "cancel in {s}"),
+                Some(want) => assert_eq!(c, want, "cancel in {s}"),
+                None => assert!(matches!(c, Ignore(_)), "cancel in {s}: {c:?}"),
             }
-            assert!(matches!(
-                decide_command(TxCommandKind::Bump, Some(s)),
-                Ignore(_)
-            ));
+            assert!(matches!(decide_command(&bump, &own), Ignore(_)));
         }
-        assert!(matches!(
-            decide_command(TxCommandKind::Approve, None),
-            Ignore(_)
-        ));
+        // Not the signer's transaction: a typed rejection, whatever the command; a bump is not
+        // the allocator's to judge.
+        let foreign = CommandTarget::Foreign {
+            chain_id: ChainId(31337),
+            signer: "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266".into(),
+        };
+        let other_chain = CommandTarget::Foreign {
+            chain_id: ChainId(1),
+            signer: TO.into(),
+        };
+        type Case<'a> = (&'a str, &'a TxCommand, CommandTarget, Option<&'a str>);
+        let cases: Vec<Case> = vec![
+            (
+                "approve, another signer's",
+                &approve,
+                foreign.clone(),
+                Some("TX_NOT_OF_SIGNER"),
+            ),
+            (
+                "cancel, another signer's",
+                &cancel,
+                foreign.clone(),
+                Some("TX_NOT_OF_SIGNER"),
+            ),
+            (
+                "cancel, another chain's",
+                &cancel,
+                other_chain.clone(),
+                Some("TX_NOT_OF_SIGNER"),
+            ),
+            (
+                "approve, another chain's",
+                &approve,
+                other_chain,
+                Some("TX_NOT_OF_SIGNER"),
+            ),
+            (
+                "approve, unknown",
+                &approve,
+                CommandTarget::Unknown,
+                Some("UNKNOWN_TX"),
+            ),
+            (
+                "cancel, unknown",
+                &cancel,
+                CommandTarget::Unknown,
+                Some("UNKNOWN_TX"),
+            ),
+            ("bump, another signer's", &bump, foreign, None),
+            ("bump, unknown", &bump, CommandTarget::Unknown, None),
+        ];
+        for (name, c, target, want) in cases {
+            let d = decide_command(c, &target);
+            assert_eq!(rejected(&d), want, "{name}: {d:?}");
+            if want.is_none() {
+                assert!(matches!(d, Ignore(_)), "{name}: {d:?}");
+            }
+        }
+        // The dead letter says which transaction, which signer keyed it and whose it is.
+        let CommandDecision::Reject(r) = decide_command(
+            &cancel,
+            &CommandTarget::Foreign {
+                chain_id: ChainId(31337),
+                signer: "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266".into(),
+            },
+        ) else {
+            panic!("rejected");
+        };
+        assert_eq!(
+            r.message,
+            "CANCEL of transaction 0190f0e0-0000-7000-8000-000000000001 keyed by signer \
+             0x70997970c51812dc3a010c7d01b50e0d17dc79c8 on chain 31337: it is a transaction of \
+             signer 0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266 on chain 31337"
+        );
     }
 
     #[test]

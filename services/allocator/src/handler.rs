@@ -6,7 +6,8 @@
 //!   FAILED, or the signer held), allocates nonces (SIMULATED / REPLACED → ALLOCATED) and fills
 //!   released nonces nobody took with no-ops. External calls run outside any transaction.
 //! - [`CommandStage`] (`tx.commands`): APPROVE and CANCEL, compare-and-sets on the state of a
-//!   transaction of the command's signer.
+//!   transaction of the command's signer; a command naming a transaction that is not the
+//!   signer's (`TX_NOT_OF_SIGNER`) or no transaction (`UNKNOWN_TX`) is dead-lettered.
 
 use std::sync::Arc;
 
@@ -30,7 +31,7 @@ use txflow_core::txstore::{Audit, Kind, MoveRow, NewTx, TxRow};
 use uuid::Uuid;
 
 use crate::config::AllocatorConfig;
-use crate::decide::{self, AfterSimulation, CommandDecision, SimError};
+use crate::decide::{self, AfterSimulation, CommandDecision, CommandTarget, SimError};
 use crate::store;
 
 /// Requests: RECEIVED on the message, then simulation and allocation in `drive`.
@@ -506,8 +507,12 @@ impl RequestStage {
 
 /// Operator commands on `tx.commands`: APPROVE moves a PENDING_APPROVAL transaction on to
 /// allocation (the approver recorded); CANCEL fails a transaction that is not signed yet,
-/// releasing its nonce if it had one. A command for a transaction in another state changes
-/// nothing. BUMP is the signer gateway's and is ignored here.
+/// releasing its nonce if it had one. Both act only on a transaction of the signer (and chain)
+/// the command is keyed by, under that signer's lease: a command naming another signer's
+/// transaction is dead-lettered `TX_NOT_OF_SIGNER`, one naming no transaction `UNKNOWN_TX`, and
+/// the other transaction is not touched. A command for a transaction of the signer in another
+/// state changes nothing (a redelivery is not a dead letter). BUMP is the signer gateway's and
+/// is ignored here.
 pub struct CommandStage {
     pub requests: Arc<RequestStage>,
 }
@@ -540,17 +545,35 @@ impl Handler for CommandStage {
             HandlerError::Reject(Rejection::new("INVALID_TX_ID", "not a transaction id"))
         })?;
         let lease = w.lease().clone();
-        let target = store::command_target(w, tx_id)
+        // The signer's own transaction, locked under its lease; otherwise only where it is.
+        let row = store::command_target(w, tx_id)
             .await
             .map_err(|e| HandlerError::classified("command target", e))?;
-        let decision = decide::decide_command(c.command, target.as_ref().map(|r| r.state));
-        let (Some(row), true) = (target, !matches!(decision, CommandDecision::Ignore(_))) else {
-            if let CommandDecision::Ignore(why) = decision
-                && c.command != TxCommandKind::Bump
-            {
-                tracing::info!(tx_id = %tx_id, command = ?c.command, why, "command changes nothing");
+        let target = match &row {
+            Some(r) => CommandTarget::Own(r.state),
+            None => match store::owner_of(w, tx_id).await? {
+                Some((chain_id, signer)) => CommandTarget::Foreign {
+                    chain_id: ChainId(chain_id),
+                    signer,
+                },
+                None => CommandTarget::Unknown,
+            },
+        };
+        let decision = decide::decide_command(c, &target);
+        let row = match (decision.clone(), row) {
+            // Dead-lettered with its code (the runtime reports it).
+            (CommandDecision::Reject(rejection), _) => {
+                return Err(HandlerError::Reject(rejection));
             }
-            return Ok(Vec::new());
+            (CommandDecision::Ignore(why), _) => {
+                if c.command != TxCommandKind::Bump {
+                    tracing::info!(tx_id = %tx_id, command = ?c.command, why, "command changes nothing");
+                }
+                return Ok(Vec::new());
+            }
+            (_, Some(row)) => row,
+            // A move is decided only for a transaction of the signer (`Own`), which is `row`.
+            (_, None) => return Ok(Vec::new()),
         };
         let key = signer_key(c.chain_id, lease.key().signer.as_str());
         match decision {
@@ -584,7 +607,7 @@ impl Handler for CommandStage {
                 tracing::info!(tx_id = %tx_id, nonce, by = %c.requested_by, "cancelled after allocation; nonce released");
                 Ok(self.requests.failures(&key, vec![f], &landed))
             }
-            CommandDecision::Ignore(_) => Ok(Vec::new()),
+            CommandDecision::Ignore(_) | CommandDecision::Reject(_) => Ok(Vec::new()),
         }
     }
 

@@ -93,6 +93,20 @@ pub async fn command_target(w: &mut Fenced<'_>, tx_id: Uuid) -> Result<Option<Tx
     Ok(txstore::lock_rows(w, &[tx_id]).await?.pop())
 }
 
+/// Where a transaction that is not the writer's signer's is, if it exists at all: `(chain_id,
+/// signer)`. A plain read (no lock, no fence): the row is another signer's and is not touched.
+pub async fn owner_of(
+    w: &mut Fenced<'_>,
+    tx_id: Uuid,
+) -> Result<Option<(i64, String)>, FenceError> {
+    Ok(w.read(
+        "command owner",
+        sqlx::query_as("SELECT chain_id, signer FROM managed_tx WHERE tx_id = $1").bind(tx_id),
+    )
+    .await?
+    .pop())
+}
+
 /// The states whose transactions the allocator drives.
 pub const DRIVEN: [TxState; 3] = [TxState::Received, TxState::Simulated, TxState::Replaced];
 
