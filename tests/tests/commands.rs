@@ -335,3 +335,75 @@ async fn an_approved_transaction_that_is_replaced_is_mined_once_at_a_fresh_nonce
     assert_eq!(p.pool_status().await, ("0x0".into(), "0x0".into()));
     p.stop().await;
 }
+
+/// A request id used again with another payload (issue 12 point 5) is not silently merged into
+/// the original: it is dead-lettered with `DUPLICATE_REQUEST_ID` and a reason naming the original
+/// transaction, which is mined once with its own value. The same request sent again (the same
+/// payload) stays an idempotent duplicate: no dead letter.
+#[tokio::test]
+async fn a_request_id_reused_with_another_payload_is_dead_lettered_naming_the_original() {
+    let p = Pipeline::start(1).await;
+    let dlq = dlq_consumer(&p);
+    let original = p.request(0, "dup-1");
+    p.send(&original).await;
+    wait_until("the original is recorded", LONG, || async {
+        p.count("SELECT count(*) FROM managed_tx WHERE request_id = 'dup-1'")
+            .await
+            == 1
+    })
+    .await;
+    let tx_id: String =
+        sqlx::query_scalar("SELECT tx_id::text FROM managed_tx WHERE request_id = 'dup-1'")
+            .fetch_one(&p.db.pool)
+            .await
+            .expect("tx id");
+
+    // The same request again: idempotent. Then the same id with another value and destination.
+    let mut again = original.clone();
+    again.event_id = uuid::Uuid::new_v4().to_string();
+    p.send(&again).await;
+    let mut other = original.clone();
+    other.event_id = uuid::Uuid::new_v4().to_string();
+    other.value = "7".into();
+    p.send(&other).await;
+    // A later request, so that the stage has handled the ones before it on the partition.
+    p.send(&p.request(0, "dup-2")).await;
+
+    let dead = dead_letters_until(
+        &dlq,
+        "the reused request id is dead-lettered",
+        |d| !d.is_empty(),
+        || async {},
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].code, "DUPLICATE_REQUEST_ID", "{dead:?}");
+    assert!(
+        dead[0].message.contains(&tx_id),
+        "names the original: {dead:?}"
+    );
+    wait_for("both requests are mined", LONG, || async {
+        let m = p.mined_markers().await;
+        (m.get("txflow:dup-1") == Some(&1) && m.get("txflow:dup-2") == Some(&1)).then_some(())
+    })
+    .await;
+    let value: String =
+        sqlx::query_scalar("SELECT payload->>'value' FROM managed_tx WHERE request_id = 'dup-1'")
+            .fetch_one(&p.db.pool)
+            .await
+            .expect("value");
+    assert_eq!(value, "1", "the original keeps its own value");
+    assert_eq!(
+        p.count("SELECT count(*) FROM managed_tx WHERE request_id = 'dup-1'")
+            .await,
+        1
+    );
+    // Nothing more reached the dead-letter topic (the idempotent duplicate is not one).
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), dlq.recv())
+            .await
+            .is_err(),
+        "a second dead letter"
+    );
+    p.stop().await;
+}

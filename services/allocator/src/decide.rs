@@ -146,6 +146,14 @@ pub fn payload_of(v: &ValidRequest) -> TxPayload {
     }
 }
 
+/// Whether a request asks for what a recorded one asked: the same destination, value and data
+/// (gas and fees are filled in by txflow after recording, so they are not compared).
+pub fn same_request(recorded: &TxPayload, asked: &TxPayload) -> bool {
+    recorded.to.eq_ignore_ascii_case(&asked.to)
+        && recorded.value == asked.value
+        && recorded.data.eq_ignore_ascii_case(&asked.data)
+}
+
 /// The call a recorded payload asks for, or why it cannot be made (a corrupt row: failing it is
 /// the only way forward, retrying would fail the same way).
 pub fn call_of(p: &TxPayload) -> Result<(Address, U256, Bytes), String> {
@@ -711,6 +719,37 @@ mod tests {
             "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266"
         );
         assert_eq!(v.value, U256::from(1000));
+    }
+
+    #[test]
+    fn a_reused_request_id_is_the_same_request_only_with_the_same_call() {
+        let recorded = TxPayload {
+            gas_limit: Some(25_200),
+            max_fee_per_gas: Some("9".into()),
+            max_priority_fee_per_gas: Some("2".into()),
+            ..payload(TO, "5")
+        };
+        type Change = fn(&mut TxPayload);
+        let cases: [(&str, Change, bool); 5] = [
+            ("as asked", |_| {}, true),
+            (
+                "upper-case address",
+                |p| p.to = p.to.to_ascii_uppercase().replace("0X", "0x"),
+                true,
+            ),
+            ("another value", |p| p.value = "6".into(), false),
+            (
+                "another destination",
+                |p| p.to = "0x000000000000000000000000000000000000dead".into(),
+                false,
+            ),
+            ("other data", |p| p.data = "0x00".into(), false),
+        ];
+        for (name, change, same) in cases {
+            let mut asked = payload(TO, "5");
+            change(&mut asked);
+            assert_eq!(same_request(&recorded, &asked), same, "{name}");
+        }
     }
 
     #[test]

@@ -195,27 +195,44 @@ impl Handler for RequestStage {
                 payload: json(&decide::payload_of(&v))?,
                 audit: audit("TxAccepted", &accepted)?,
             });
-            announced.push((k, tx_id, accepted));
+            announced.push((k, tx_id, accepted, decide::payload_of(&v)));
         }
         let created = store::accept(w, &rows).await?;
         // Duplicates (of an earlier batch, or of a message earlier in this one).
         let duplicates: Vec<String> = announced
             .iter()
-            .filter(|(_, tx_id, _)| !created.contains(tx_id))
-            .map(|(_, _, a)| a.request_id.clone())
+            .filter(|(_, tx_id, _, _)| !created.contains(tx_id))
+            .map(|(_, _, a, _)| a.request_id.clone())
             .collect();
         let stored = if duplicates.is_empty() {
             Vec::new()
         } else {
-            store::accepted_events(w, &duplicates).await?
+            store::recorded_requests(w, &duplicates).await?
         };
-        for (k, tx_id, accepted) in announced {
+        for (k, tx_id, accepted, asked) in announced {
             let event = if created.contains(&tx_id) {
                 Ok(accepted)
             } else {
-                match stored.iter().find(|(id, _)| *id == accepted.request_id) {
-                    Some((_, p)) => serde_json::from_value(p.clone())
-                        .map_err(|e| HandlerError::fail("CORRUPT_EVENT", e.to_string())),
+                match stored.iter().find(|r| r.request_id == accepted.request_id) {
+                    Some(r) => {
+                        let recorded = serde_json::from_value::<TxPayload>(r.payload.clone());
+                        match recorded {
+                            // The same request again: re-announce the original.
+                            Ok(recorded) if decide::same_request(&recorded, &asked) => {
+                                serde_json::from_value(r.accepted.clone())
+                                    .map_err(|e| HandlerError::fail("CORRUPT_EVENT", e.to_string()))
+                            }
+                            // The id reused for something else: never merged into the original.
+                            Ok(_) => Err(HandlerError::Reject(Rejection::new(
+                                "DUPLICATE_REQUEST_ID",
+                                format!(
+                                    "request_id {:?} is already recorded as transaction {} with another destination, value or data",
+                                    accepted.request_id, r.tx_id
+                                ),
+                            ))),
+                            Err(e) => Err(HandlerError::fail("CORRUPT_ROW", e.to_string())),
+                        }
+                    }
                     None => Err(HandlerError::fail(
                         "CORRUPT_EVENT",
                         format!(

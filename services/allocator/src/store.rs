@@ -18,17 +18,27 @@ pub async fn accept(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, Fen
     txstore::create(w, rows).await
 }
 
-/// The stored TxAccepted of each of these requests of the writer's signer (re-emitted for a
-/// duplicate, same `event_id`): `(request_id, payload)`.
-pub async fn accepted_events(
+/// A request already recorded: its transaction, what it asked for and its announcement.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Recorded {
+    pub request_id: String,
+    pub tx_id: Uuid,
+    /// `managed_tx.payload` (gas and fees filled in as the transaction went on).
+    pub payload: serde_json::Value,
+    /// The stored TxAccepted (re-emitted for a duplicate, same `event_id`).
+    pub accepted: serde_json::Value,
+}
+
+/// The recorded transactions of these requests of the writer's signer.
+pub async fn recorded_requests(
     w: &mut Fenced<'_>,
     request_ids: &[String],
-) -> Result<Vec<(String, serde_json::Value)>, FenceError> {
+) -> Result<Vec<Recorded>, FenceError> {
     let key = w.lease().key().clone();
     w.read(
-        "accepted events",
+        "recorded requests",
         sqlx::query_as(
-            "SELECT m.request_id, e.payload FROM managed_tx m
+            "SELECT m.request_id, m.tx_id, m.payload, e.payload AS accepted FROM managed_tx m
              JOIN tx_events e ON e.tx_id = m.tx_id AND e.type = $4
              WHERE m.chain_id = $1 AND m.signer = $2 AND m.request_id = ANY($3)",
         )
