@@ -370,28 +370,38 @@ impl ChainClient for FakeChain {
     }
 }
 
+/// A signed 1-wei EIP-1559 transfer on chain 31337 with `fees` (max fee, tip): what the tests
+/// send to a chain, fake or real.
+pub fn signed_transfer(
+    key: &alloy::signers::local::PrivateKeySigner,
+    nonce: u64,
+    to: Address,
+    fees: (u128, u128),
+) -> txflow_core::chain::SignedTx {
+    txflow_core::chain::sign(
+        key,
+        &txflow_core::chain::UnsignedTx {
+            chain_id: 31337,
+            nonce,
+            to,
+            value: U256::from(1),
+            data: Bytes::new(),
+            gas_limit: 21_000,
+            max_fee_per_gas: fees.0,
+            max_priority_fee_per_gas: fees.1,
+        },
+    )
+    .expect("a local key signs")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use alloy::signers::local::PrivateKeySigner;
-    use txflow_core::chain::{UnsignedTx, sign};
     use txflow_core::retry::Classify;
 
     fn tx(key: &PrivateKeySigner, nonce: u64, to: Address) -> txflow_core::chain::SignedTx {
-        sign(
-            key,
-            &UnsignedTx {
-                chain_id: 31337,
-                nonce,
-                to,
-                value: U256::from(1),
-                data: Bytes::new(),
-                gas_limit: 21_000,
-                max_fee_per_gas: 2_000_000_000,
-                max_priority_fee_per_gas: 1_000_000_000,
-            },
-        )
-        .expect("sign")
+        signed_transfer(key, nonce, to, (2_000_000_000, 1_000_000_000))
     }
 
     fn client(c: &FakeChain) -> &dyn ChainClient {

@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use alloy::consensus::Transaction as _;
 use alloy::eips::BlockNumberOrTag;
+use alloy::network::{EthereumWallet, TransactionBuilder};
 use alloy::primitives::{Address, U256};
 use alloy::providers::ext::AnvilApi;
 use alloy::providers::{Provider, ProviderBuilder};
+use alloy::rpc::types::TransactionRequest;
 use alloy::signers::local::PrivateKeySigner;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +33,24 @@ pub const SINK: &str = "0x000000000000000000000000000000000000dead";
 
 /// Who requests the commands of [`Pipeline::command`] (`requested_by`, recorded as the approver).
 pub const APPROVER: &str = "ops@example.com";
+
+/// A transaction of one of the pipeline's signers, as mined.
+#[derive(Debug, Clone)]
+pub struct Mined {
+    pub signer: Address,
+    pub nonce: u64,
+    /// Lowercase 0x-hex.
+    pub to: String,
+    pub value: U256,
+    pub input: Vec<u8>,
+}
+
+impl Mined {
+    /// Its calldata as text: the request's marker.
+    pub fn marker(&self) -> String {
+        String::from_utf8_lossy(&self.input).into_owned()
+    }
+}
 
 /// A chain, a database and topics of the test's own, funded signers, and the stages started on it.
 pub struct Pipeline {
@@ -59,14 +79,7 @@ impl Pipeline {
     pub async fn start_with(signers: usize, customize: impl FnOnce(&mut Config)) -> Pipeline {
         let mut p = Pipeline::prepare(signers, customize).await;
         let config = p.config.clone();
-        for role in Role::PIPELINE {
-            match role {
-                Role::Allocator => p.start_allocator(&config, "alloc-1").await,
-                Role::SignerGateway => p.start_signer_gateway(&config).await,
-                Role::Broadcaster => p.start_broadcaster(&config).await,
-                other => panic!("{other} is in Role::PIPELINE but the harness cannot start it"),
-            }
-        }
+        p.start_stages(&config).await;
         p
     }
 
@@ -123,6 +136,43 @@ impl Pipeline {
     /// The clients of a stage started with `config` (each start has its own, like a process).
     async fn deps(config: &Config, stages: u32) -> Deps {
         Deps::connect(config, stages).await.expect("clients")
+    }
+
+    /// Every stage of [`Role::PIPELINE`] in this process, with `config` (the allocator as node
+    /// `alloc-1`).
+    pub async fn start_stages(&mut self, config: &Config) {
+        for role in Role::PIPELINE {
+            match role {
+                Role::Allocator => self.start_allocator(config, "alloc-1").await,
+                Role::SignerGateway => self.start_signer_gateway(config).await,
+                Role::Broadcaster => self.start_broadcaster(config).await,
+                other => panic!("{other} is in Role::PIPELINE but the harness cannot start it"),
+            }
+        }
+    }
+
+    /// Signer `i` spends `nonce` straight on the chain, outside txflow (7 wei to [`SINK`]), and
+    /// waits for the receipt: the nonce is then used by a transaction txflow did not send.
+    pub async fn spend_nonce_outside(&self, i: usize, nonce: u64) {
+        let wallet = ProviderBuilder::new()
+            .wallet(EthereumWallet::from(self.signers[i].clone()))
+            .connect_http(self.anvil.url.parse().expect("url"));
+        let outsider = TransactionRequest::default()
+            .with_to(SINK.parse::<Address>().expect("sink"))
+            .with_value(U256::from(7))
+            .with_nonce(nonce)
+            .with_chain_id(31337)
+            .with_gas_limit(21_000)
+            .with_max_fee_per_gas(10_000_000_000)
+            .with_max_priority_fee_per_gas(1_000_000_000);
+        let receipt = wallet
+            .send_transaction(outsider)
+            .await
+            .expect("send outside txflow")
+            .get_receipt()
+            .await
+            .expect("outsider mined");
+        assert!(receipt.status(), "the outside transaction succeeded");
     }
 
     /// The allocator (requests and commands) in this process, as node `name`.
@@ -296,12 +346,12 @@ impl Pipeline {
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
-    /// Mined transactions from our signers, per calldata marker.
-    pub async fn mined_markers(&self) -> BTreeMap<String, usize> {
+    /// Every transaction of our signers on the chain, in block order.
+    pub async fn mined(&self) -> Vec<Mined> {
         let provider = ProviderBuilder::new().connect_http(self.anvil.url.parse().expect("url"));
         let ours: Vec<Address> = self.signers.iter().map(|s| s.address()).collect();
         let latest = provider.get_block_number().await.expect("block number");
-        let mut markers = BTreeMap::new();
+        let mut mined = Vec::new();
         for n in 0..=latest {
             let block = provider
                 .get_block_by_number(BlockNumberOrTag::Number(n))
@@ -310,11 +360,26 @@ impl Pipeline {
                 .expect("block")
                 .expect("block exists");
             for tx in block.transactions.into_transactions() {
-                if ours.contains(&tx.inner.signer()) {
-                    let m = String::from_utf8_lossy(tx.input()).into_owned();
-                    *markers.entry(m).or_insert(0) += 1;
+                let signer = tx.inner.signer();
+                if ours.contains(&signer) {
+                    mined.push(Mined {
+                        signer,
+                        nonce: tx.nonce(),
+                        to: tx.to().map(|a| format!("{a:#x}")).unwrap_or_default(),
+                        value: tx.value(),
+                        input: tx.input().to_vec(),
+                    });
                 }
             }
+        }
+        mined
+    }
+
+    /// Mined transactions from our signers, per calldata marker.
+    pub async fn mined_markers(&self) -> BTreeMap<String, usize> {
+        let mut markers = BTreeMap::new();
+        for tx in self.mined().await {
+            *markers.entry(tx.marker()).or_insert(0) += 1;
         }
         markers
     }

@@ -184,17 +184,12 @@ impl Handler for TestStage {
             fault::point(fault::AFTER_CALL);
             // Record the result, fenced, as a compare-and-set on the state.
             let mut tx = ctx.lease.begin(ctx.pool).await?;
-            let audit = Audit {
-                event_id: uuid::Uuid::new_v4(),
-                event_type: SIMULATE.event,
-                payload: serde_json::json!({ "result": result }),
-            };
-            txstore::apply(
-                &mut tx.writer(),
-                SIMULATE,
-                &[MoveRow::new(row.tx_id, audit)],
-            )
-            .await?;
+            let recorded = MoveRow::new(
+                row.tx_id,
+                uuid::Uuid::new_v4(),
+                serde_json::json!({ "result": result }),
+            );
+            txstore::apply(&mut tx.writer(), SIMULATE, &[recorded]).await?;
             tx.commit().await?;
         }
         Ok(Vec::new())

@@ -7,28 +7,11 @@ use alloy::primitives::{Address, Bytes, U256};
 use alloy::providers::ProviderBuilder;
 use alloy::providers::ext::AnvilApi;
 use alloy::signers::local::PrivateKeySigner;
-use txflow_core::chain::{Chain, ChainClient, SendOutcome, SignedTx, Simulation, UnsignedTx, sign};
+use txflow_core::chain::{Chain, ChainClient, SendOutcome, Simulation};
 use txflow_tests::AnvilNode;
-use txflow_tests::fake_chain::FakeChain;
+use txflow_tests::fake_chain::{FakeChain, signed_transfer};
 
 const SINK: &str = "0x000000000000000000000000000000000000dead";
-
-fn transfer(key: &PrivateKeySigner, nonce: u64, to: Address, fees: (u128, u128)) -> SignedTx {
-    sign(
-        key,
-        &UnsignedTx {
-            chain_id: 31337,
-            nonce,
-            to,
-            value: U256::from(1),
-            data: Bytes::new(),
-            gas_limit: 21_000,
-            max_fee_per_gas: fees.0,
-            max_priority_fee_per_gas: fees.1,
-        },
-    )
-    .expect("sign")
-}
 
 /// What every `ChainClient` answers, for a funded `key` with no transactions yet; `mine` mines
 /// one block with what the pool holds.
@@ -55,7 +38,7 @@ where
     let fees = (max_fee * 2, tip);
     let head = c.block_number().await.expect("block number");
 
-    let t0 = transfer(key, 0, sink, fees);
+    let t0 = signed_transfer(key, 0, sink, fees);
     assert_eq!(
         c.send_raw(&t0.raw).await.expect("send"),
         SendOutcome::Accepted
@@ -105,7 +88,7 @@ where
         matches!(again, SendOutcome::NonceTooLow { .. }),
         "mined, sent again: {again:?}"
     );
-    let other = transfer(key, 0, Address::repeat_byte(1), fees);
+    let other = signed_transfer(key, 0, Address::repeat_byte(1), fees);
     let answer = c.send_raw(&other.raw).await.expect("send");
     assert!(
         matches!(answer, SendOutcome::NonceTooLow { .. }),

@@ -4,13 +4,11 @@
 
 use std::time::Duration;
 
-use alloy::network::{EthereumWallet, TransactionBuilder};
-use alloy::primitives::{Address, B256, U256};
+use alloy::primitives::{B256, U256};
+use alloy::providers::Provider;
 use alloy::providers::ext::AnvilApi;
-use alloy::providers::{Provider, ProviderBuilder};
-use alloy::rpc::types::TransactionRequest;
 use txflow_tests::AnvilNode;
-use txflow_tests::pipeline::{Pipeline, SINK};
+use txflow_tests::pipeline::Pipeline;
 use txflow_tests::wait_until;
 
 const LONG: Duration = Duration::from_secs(180);
@@ -29,9 +27,7 @@ async fn a_submitted_transaction_the_node_drops_is_sent_again_and_mined_once() {
     let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
     let mut p = Pipeline::prepare_on(anvil, 1, |c| c.resubmit_interval_ms = 500).await;
     let config = p.config.clone();
-    p.start_allocator(&config, "alloc-1").await;
-    p.start_signer_gateway(&config).await;
-    p.start_broadcaster(&config).await;
+    p.start_stages(&config).await;
 
     p.send(&p.request(0, "dropped")).await;
     wait_until("the request is SUBMITTED", LONG, || async {
@@ -101,9 +97,7 @@ async fn a_signer_without_funds_is_held_and_its_requests_mine_once_funded() {
         .await
         .expect("empty the account");
     let config = p.config.clone();
-    p.start_allocator(&config, "alloc-1").await;
-    p.start_signer_gateway(&config).await;
-    p.start_broadcaster(&config).await;
+    p.start_stages(&config).await;
 
     for i in 0..3 {
         p.send(&p.request(0, &format!("poor-{i}"))).await;
@@ -179,25 +173,7 @@ async fn a_nonce_used_outside_txflow_is_replaced_and_the_request_mines_at_a_fres
     assert_eq!(nonce, 0);
 
     // Someone uses the same key straight on the chain, at that nonce.
-    let wallet = ProviderBuilder::new()
-        .wallet(EthereumWallet::from(p.signers[0].clone()))
-        .connect_http(p.anvil.url.parse().expect("url"));
-    let outsider = TransactionRequest::default()
-        .with_to(SINK.parse::<Address>().expect("sink"))
-        .with_value(U256::from(7))
-        .with_nonce(0)
-        .with_chain_id(31337)
-        .with_gas_limit(21_000)
-        .with_max_fee_per_gas(10_000_000_000)
-        .with_max_priority_fee_per_gas(1_000_000_000);
-    let receipt = wallet
-        .send_transaction(outsider)
-        .await
-        .expect("send outside txflow")
-        .get_receipt()
-        .await
-        .expect("outsider mined");
-    assert!(receipt.status());
+    p.spend_nonce_outside(0, 0).await;
 
     // Now txflow signs nonce 0, the node says "nonce too low", and the chain knows none of our
     // hashes: REPLACED, a fresh nonce, mined.

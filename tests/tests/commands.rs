@@ -6,15 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use alloy::network::{EthereumWallet, TransactionBuilder};
-use alloy::primitives::{Address, U256};
-use alloy::providers::{Provider, ProviderBuilder};
-use alloy::rpc::types::TransactionRequest;
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, OwnedMessage};
 use txflow_core::events::TxCommandKind;
-use txflow_tests::pipeline::{APPROVER, Pipeline, SINK};
+use txflow_tests::pipeline::{APPROVER, Pipeline};
 use txflow_tests::{group_consumer, unique, wait_for, wait_until};
 
 const LONG: Duration = Duration::from_secs(180);
@@ -251,25 +247,7 @@ async fn an_approved_transaction_that_is_replaced_is_mined_once_at_a_fresh_nonce
     assert_eq!(allocated.nonce, Some(0));
 
     // Someone uses the same key straight on the chain, at that nonce.
-    let wallet = ProviderBuilder::new()
-        .wallet(EthereumWallet::from(p.signers[0].clone()))
-        .connect_http(p.anvil.url.parse().expect("url"));
-    let outsider = TransactionRequest::default()
-        .with_to(SINK.parse::<Address>().expect("sink"))
-        .with_value(U256::from(7))
-        .with_nonce(0)
-        .with_chain_id(31337)
-        .with_gas_limit(21_000)
-        .with_max_fee_per_gas(10_000_000_000)
-        .with_max_priority_fee_per_gas(1_000_000_000);
-    let receipt = wallet
-        .send_transaction(outsider)
-        .await
-        .expect("send outside txflow")
-        .get_receipt()
-        .await
-        .expect("outsider mined");
-    assert!(receipt.status());
+    p.spend_nonce_outside(0, 0).await;
 
     // txflow signs nonce 0, the node says "nonce too low", the chain knows none of our hashes:
     // REPLACED, re-allocated at a fresh nonce, signed again (the policy checked again: the

@@ -4,10 +4,7 @@
 
 use std::time::Duration;
 
-use alloy::consensus::Transaction as _;
-use alloy::eips::BlockNumberOrTag;
 use alloy::primitives::U256;
-use alloy::providers::{Provider, ProviderBuilder};
 use txflow_core::config::Config;
 use txflow_core::events::TxCommandKind;
 use txflow_tests::pipeline::{Pipeline, SINK};
@@ -15,26 +12,14 @@ use txflow_tests::wait_until;
 
 const LONG: Duration = Duration::from_secs(180);
 
-/// The transaction of `signer` with `nonce` on the chain: `(to, value, input)`.
+/// The transaction of signer 0 with `nonce` on the chain: `(to, value, input)`.
 async fn mined_at(p: &Pipeline, nonce: u64) -> Option<(String, U256, Vec<u8>)> {
-    let provider = ProviderBuilder::new().connect_http(p.anvil.url.parse().expect("url"));
     let me = p.signers[0].address();
-    let latest = provider.get_block_number().await.expect("block number");
-    for n in 0..=latest {
-        let block = provider
-            .get_block_by_number(BlockNumberOrTag::Number(n))
-            .full()
-            .await
-            .expect("block")
-            .expect("block exists");
-        for tx in block.transactions.into_transactions() {
-            if tx.inner.signer() == me && tx.nonce() == nonce {
-                let to = tx.to().map(|a| format!("{a:#x}")).unwrap_or_default();
-                return Some((to, tx.value(), tx.input().to_vec()));
-            }
-        }
-    }
-    None
+    p.mined()
+        .await
+        .into_iter()
+        .find(|tx| tx.signer == me && tx.nonce == nonce)
+        .map(|tx| (tx.to, tx.value, tx.input))
 }
 
 async fn state(p: &Pipeline, request_id: &str) -> Option<(String, Option<i64>, bool)> {

@@ -77,9 +77,7 @@ async fn failures_on_every_rpc_method_and_lost_send_answers_lose_nothing_and_dup
     // Shorter than the injected delay: a delayed answer is a timeout to the client.
     p.config.rpc_timeout_ms = 1000;
     let config = p.config.clone();
-    p.start_allocator(&config, "alloc-1").await;
-    p.start_signer_gateway(&config).await;
-    p.start_broadcaster(&config).await;
+    p.start_stages(&config).await;
 
     let ids: Vec<String> = (0..30).map(|i| format!("rpc-{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
@@ -140,9 +138,7 @@ async fn with_one_of_two_endpoints_dead_the_traffic_goes_to_the_other() {
     let good = FaultProxy::start(&p.anvil.url, vec![]).await;
     p.config.rpc_urls = vec![dead.url.clone(), good.url.clone()];
     let config = p.config.clone();
-    p.start_allocator(&config, "alloc-1").await;
-    p.start_signer_gateway(&config).await;
-    p.start_broadcaster(&config).await;
+    p.start_stages(&config).await;
 
     // A first request: every stage's first calls go to the dead endpoint, all at once, before
     // any has failed.

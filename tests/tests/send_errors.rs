@@ -8,9 +8,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use alloy::consensus::Transaction as _;
-use alloy::eips::BlockNumberOrTag;
-use alloy::providers::Provider;
 use txflow_core::chain::SEND_ERRORS;
 use txflow_tests::fault_proxy::{Fault, FaultProxy, Rule};
 use txflow_tests::pipeline::Pipeline;
@@ -24,23 +21,9 @@ const UNKNOWN_MESSAGE: &str = "upstream relay hiccup 7f3a, request id 42";
 
 /// The nonces of our signers' mined transactions, per calldata marker.
 async fn mined_nonces(p: &Pipeline) -> BTreeMap<String, Vec<u64>> {
-    let provider = p.provider();
-    let ours: Vec<_> = p.signers.iter().map(|s| s.address()).collect();
-    let latest = provider.get_block_number().await.expect("block number");
     let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for n in 0..=latest {
-        let block = provider
-            .get_block_by_number(BlockNumberOrTag::Number(n))
-            .full()
-            .await
-            .expect("block")
-            .expect("block exists");
-        for tx in block.transactions.into_transactions() {
-            if ours.contains(&tx.inner.signer()) {
-                let m = String::from_utf8_lossy(tx.input()).into_owned();
-                out.entry(m).or_default().push(tx.nonce());
-            }
-        }
+    for tx in p.mined().await {
+        out.entry(tx.marker()).or_default().push(tx.nonce);
     }
     out
 }
@@ -110,9 +93,7 @@ async fn an_unknown_send_error_for_a_transaction_the_node_took_fails_nothing_and
     .await;
     p.config.rpc_urls = vec![proxy.url.clone()];
     let config = p.config.clone();
-    p.start_allocator(&config, "alloc-1").await;
-    p.start_signer_gateway(&config).await;
-    p.start_broadcaster(&config).await;
+    p.start_stages(&config).await;
 
     p.send(&p.request(0, "unknown-0")).await;
     wait_until("the first transaction is mined", LONG, || async {

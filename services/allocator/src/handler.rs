@@ -40,23 +40,19 @@ pub struct RequestStage {
     pub chain: Arc<dyn ChainClient>,
 }
 
-/// The audit row of `event` (its JSON), under `event_type`.
+/// The id of an event we made (a UUID), as `tx_events.event_id`.
+fn event_uuid<E: Event>(event: &E) -> Result<Uuid, HandlerError> {
+    Uuid::parse_str(event.event_id())
+        .map_err(|e| HandlerError::fail("INVALID_EVENT_ID", e.to_string()))
+}
+
+/// The audit row of a created transaction: `event` (its JSON) under `event_type`.
 fn audit<E: Event>(event_type: &'static str, event: &E) -> Result<Audit, HandlerError> {
     Ok(Audit {
-        event_id: Uuid::parse_str(event.event_id())
-            .map_err(|e| HandlerError::fail("INVALID_EVENT_ID", e.to_string()))?,
+        event_id: event_uuid(event)?,
         event_type,
         payload: json(event)?,
     })
-}
-
-/// An audit row that is not an event on a topic.
-fn note(event_type: &'static str, payload: serde_json::Value) -> Audit {
-    Audit {
-        event_id: Uuid::new_v4(),
-        event_type,
-        payload,
-    }
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Result<serde_json::Value, HandlerError> {
@@ -103,7 +99,7 @@ fn fail_row(
     released_nonce: Option<i64>,
 ) -> Result<(MoveRow, TxFailed), HandlerError> {
     let failed = failed_event(lease, row, code, reason, released_nonce);
-    let mut m = MoveRow::new(row.tx_id, audit(state::FAIL_UNALLOCATED.event, &failed)?);
+    let mut m = MoveRow::new(row.tx_id, event_uuid(&failed)?, json(&failed)?);
     m.failure = Some((code, failed.reason.clone()));
     Ok((m, failed))
 }
@@ -346,15 +342,15 @@ impl RequestStage {
         for (row, d) in rows.iter().zip(&decisions) {
             match d {
                 AfterSimulation::Simulated(p) | AfterSimulation::AwaitApproval(p) => {
-                    let (list, m) = if matches!(d, AfterSimulation::AwaitApproval(_)) {
-                        (&mut waiting, state::AWAIT_APPROVAL)
+                    let list = if matches!(d, AfterSimulation::AwaitApproval(_)) {
+                        &mut waiting
                     } else {
-                        (&mut simulated, state::SIMULATE)
+                        &mut simulated
                     };
                     let event = serde_json::json!({
                         "tx_id": row.tx_id.to_string(), "gas_limit": p.gas_limit, "fencing_token": token,
                     });
-                    let mut row_move = MoveRow::new(row.tx_id, note(m.event, event));
+                    let mut row_move = MoveRow::new(row.tx_id, Uuid::new_v4(), event);
                     row_move.payload = Some(json(p)?);
                     list.push(row_move);
                 }
@@ -444,7 +440,7 @@ impl RequestStage {
                 lease.token().0,
             )
             .map_err(|why| HandlerError::fail("CORRUPT_ROW", why))?;
-            let mut m = MoveRow::new(row.tx_id, audit(state::ALLOCATE.event, &allocated)?);
+            let mut m = MoveRow::new(row.tx_id, event_uuid(&allocated)?, json(&allocated)?);
             m.nonce = Some(nonce);
             m.payload = Some(json(&p)?);
             moves.push(m);
@@ -599,7 +595,7 @@ impl Handler for CommandStage {
                     "tx_id": tx_id.to_string(), "approved_by": c.requested_by,
                     "command_event_id": c.event_id, "fencing_token": lease.token().0,
                 });
-                let mut m = MoveRow::new(tx_id, note(state::APPROVE.event, event));
+                let mut m = MoveRow::new(tx_id, Uuid::new_v4(), event);
                 m.approved_by = Some(c.requested_by.clone());
                 let done = store::approve(w, &[m]).await?;
                 tracing::info!(tx_id = %tx_id, by = %c.requested_by, applied = !done.is_empty(), "approve");
@@ -618,7 +614,6 @@ impl Handler for CommandStage {
                 let reason = decide::cancel_reason(&c.requested_by, c.reason.as_deref());
                 let (mut m, f) =
                     fail_row(&lease, &row, FailureCode::Cancelled, &reason, Some(nonce))?;
-                m.audit.event_type = state::FAIL_ALLOCATED.event;
                 m.expect_nonce = Some(nonce);
                 let landed = store::cancel_allocated(w, &[m]).await?;
                 tracing::info!(tx_id = %tx_id, nonce, by = %c.requested_by, "cancelled after allocation; nonce released");

@@ -14,8 +14,8 @@ use txflow_core::domain::{ChainId, Signer};
 use txflow_core::failure::FailureCode;
 use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced};
 use txflow_core::lease::LeaseKey;
-use txflow_core::state::{FAIL_SIGNED, Move, REPLACE, RESUBMIT, SUBMIT, TxState};
-use txflow_core::txstore::{self, Audit, MoveRow};
+use txflow_core::state::{FAIL_SIGNED, REPLACE, RESUBMIT, SUBMIT, TxState};
+use txflow_core::txstore::{self, MoveRow};
 use uuid::Uuid;
 
 /// A SIGNED transaction with its latest attempt: what is sent.
@@ -48,15 +48,8 @@ pub struct Row {
 }
 
 impl Row {
-    fn moved_by(&self, m: Move) -> MoveRow {
-        MoveRow::new(
-            self.tx_id,
-            Audit {
-                event_id: self.event_id,
-                event_type: m.event,
-                payload: self.event.clone(),
-            },
-        )
+    fn moved(&self) -> MoveRow {
+        MoveRow::new(self.tx_id, self.event_id, self.event.clone())
     }
 }
 
@@ -86,7 +79,7 @@ pub async fn submit(
     rows: &[Submit],
     resubmit_after: Duration,
 ) -> Result<Vec<Uuid>, FenceError> {
-    let moves: Vec<MoveRow> = rows.iter().map(|s| s.row.moved_by(SUBMIT)).collect();
+    let moves: Vec<MoveRow> = rows.iter().map(|s| s.row.moved()).collect();
     let landed: Vec<Uuid> = txstore::apply(w, SUBMIT, &moves)
         .await?
         .into_iter()
@@ -118,7 +111,7 @@ pub async fn submit(
 /// SIGNED → REPLACED ([`REPLACE`]): the nonce was used by a transaction txflow did not send.
 /// Returns the rows that moved.
 pub async fn replace(w: &mut Fenced<'_>, rows: &[Row]) -> Result<Vec<Uuid>, FenceError> {
-    let moves: Vec<MoveRow> = rows.iter().map(|r| r.moved_by(REPLACE)).collect();
+    let moves: Vec<MoveRow> = rows.iter().map(|r| r.moved()).collect();
     Ok(txstore::apply(w, REPLACE, &moves)
         .await?
         .into_iter()
@@ -133,7 +126,7 @@ pub async fn fail_signed(w: &mut Fenced<'_>, rows: &[FailSigned]) -> Result<Vec<
         .iter()
         .map(|f| MoveRow {
             failure: Some((FailureCode::SendRejected, f.reason.clone())),
-            ..f.row.moved_by(FAIL_SIGNED)
+            ..f.row.moved()
         })
         .collect();
     Ok(txstore::apply(w, FAIL_SIGNED, &moves)
@@ -150,7 +143,7 @@ pub async fn resubmitted(
     rows: &[Row],
     resubmit_after: Duration,
 ) -> Result<Vec<Uuid>, FenceError> {
-    let moves: Vec<MoveRow> = rows.iter().map(|r| r.moved_by(RESUBMIT)).collect();
+    let moves: Vec<MoveRow> = rows.iter().map(|r| r.moved()).collect();
     let landed: Vec<Uuid> = txstore::apply(w, RESUBMIT, &moves)
         .await?
         .into_iter()

@@ -53,7 +53,7 @@ impl Kind {
 #[derive(Debug, Clone)]
 pub struct Audit {
     pub event_id: Uuid,
-    /// `tx_events.type` of a created row; a move always writes its own [`Move::event`].
+    /// `tx_events.type`.
     pub event_type: &'static str,
     pub payload: serde_json::Value,
 }
@@ -70,11 +70,15 @@ pub struct NewTx {
     pub audit: Audit,
 }
 
-/// One row of a [`Move`]: which transaction, its audit row, and the side data the move records.
+/// One row of a [`Move`]: which transaction, its audit row (its type is the move's
+/// [`Move::event`]), and the side data the move records.
 #[derive(Debug, Clone)]
 pub struct MoveRow {
     pub tx_id: Uuid,
-    pub audit: Audit,
+    /// `tx_events.event_id` of the audit row (the event's own id when it is announced).
+    pub event_id: Uuid,
+    /// `tx_events.payload` of the audit row.
+    pub event: serde_json::Value,
     /// Sets `nonce` (an allocation).
     pub nonce: Option<i64>,
     /// Replaces `payload` (gas limit after simulation, fees at allocation).
@@ -88,11 +92,12 @@ pub struct MoveRow {
 }
 
 impl MoveRow {
-    /// A row with only its audit event.
-    pub fn new(tx_id: Uuid, audit: Audit) -> MoveRow {
+    /// A row with only its audit row.
+    pub fn new(tx_id: Uuid, event_id: Uuid, event: serde_json::Value) -> MoveRow {
         MoveRow {
             tx_id,
-            audit,
+            event_id,
+            event,
             nonce: None,
             payload: None,
             failure: None,
@@ -172,10 +177,10 @@ pub async fn apply(
     // FAILED from a state that holds a nonce gives the nonce back.
     let releases = m.to == TxState::Failed && m.from.iter().all(|s| s.holds_nonce());
     let ids: Vec<Uuid> = rows.iter().map(|r| r.tx_id).collect();
-    let event_ids: Vec<Uuid> = rows.iter().map(|r| r.audit.event_id).collect();
+    let event_ids: Vec<Uuid> = rows.iter().map(|r| r.event_id).collect();
     // The audit row of a move is always the move's own event type.
     let event_types: Vec<&str> = vec![m.event; rows.len()];
-    let events: Vec<serde_json::Value> = rows.iter().map(|r| r.audit.payload.clone()).collect();
+    let events: Vec<serde_json::Value> = rows.iter().map(|r| r.event.clone()).collect();
     let nonces: Vec<Option<i64>> = rows.iter().map(|r| r.nonce).collect();
     let payloads: Vec<Option<serde_json::Value>> = rows.iter().map(|r| r.payload.clone()).collect();
     let codes: Vec<Option<&str>> = rows

@@ -16,7 +16,7 @@ use txflow_core::lease::LeaseKey;
 use txflow_core::retry::{Classify, Retry};
 use txflow_core::stage::HandlerError;
 use txflow_core::state::{FAIL_ALLOCATED, Move, SIGN, TxState};
-use txflow_core::txstore::{self, Audit, MoveRow, ReadError, TxRow};
+use txflow_core::txstore::{self, MoveRow, ReadError, TxRow};
 use uuid::Uuid;
 
 /// The states the signer gateway drives: transactions waiting for a signature.
@@ -92,20 +92,15 @@ pub struct Failing {
 }
 
 /// The audit row of `m` for one transaction: `encoded` is the JSON of its event.
-fn audit(
+fn encoded(
     m: Move,
     tx_id: Uuid,
-    event_id: Uuid,
     encoded: serde_json::Result<serde_json::Value>,
-) -> Result<Audit, StoreError> {
-    Ok(Audit {
-        event_id,
+) -> Result<serde_json::Value, StoreError> {
+    encoded.map_err(|source| StoreError::Encode {
+        tx_id,
         event_type: m.event,
-        payload: encoded.map_err(|source| StoreError::Encode {
-            tx_id,
-            event_type: m.event,
-            source,
-        })?,
+        source,
     })
 }
 
@@ -120,7 +115,8 @@ pub async fn sign(w: &mut Fenced<'_>, rows: &[Signing]) -> Result<(), StoreError
         .map(|r| {
             let mut m = MoveRow::new(
                 r.tx_id,
-                audit(SIGN, r.tx_id, r.event_id, serde_json::to_value(&r.event))?,
+                r.event_id,
+                encoded(SIGN, r.tx_id, serde_json::to_value(&r.event))?,
             );
             m.expect_nonce = Some(r.event.nonce);
             Ok(m)
@@ -178,12 +174,8 @@ pub async fn fail_allocated(w: &mut Fenced<'_>, rows: &[Failing]) -> Result<(), 
         .map(|r| {
             let mut m = MoveRow::new(
                 r.tx_id,
-                audit(
-                    FAIL_ALLOCATED,
-                    r.tx_id,
-                    r.event_id,
-                    serde_json::to_value(&r.event),
-                )?,
+                r.event_id,
+                encoded(FAIL_ALLOCATED, r.tx_id, serde_json::to_value(&r.event))?,
             );
             m.failure = Some((r.code, r.event.reason.clone()));
             m.expect_nonce = r.event.nonce;
