@@ -545,7 +545,9 @@ impl BatchTx {
     }
 
     /// Commits the kept signers' work after checking, under a share lock on their lease rows,
-    /// that every kept lease is still current. If any is not, nothing is applied.
+    /// that every kept lease is still current. If any is not, nothing is applied. The rows are
+    /// locked in (role, chain, address) order, the order of every statement that locks several
+    /// lease rows ([`crate::lease`]), so that no two of them can deadlock.
     pub async fn commit(mut self) -> Result<(), BatchCommitError> {
         let db = |source| BatchCommitError::Db {
             operation: "commit batch",
@@ -564,6 +566,7 @@ impl BatchTx {
                    ON f.role = l.role AND f.chain_id = l.chain_id AND f.signer = l.signer
                   AND f.owner_node = l.node AND f.fencing_token = l.token
                 WHERE f.expires_at > clock_timestamp()
+                ORDER BY f.role, f.chain_id, f.signer COLLATE \"C\"
                 FOR SHARE OF f",
             )
             .bind(&roles)

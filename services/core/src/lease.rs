@@ -264,7 +264,7 @@ impl LeaseManager {
             ), granted AS (
                 INSERT INTO signer_lease AS sl (role, chain_id, signer, owner_node, fencing_token, expires_at, updated_at)
                 SELECT $1, $2, s, $4, 1, clock_timestamp() + $5 * interval '1 millisecond', clock_timestamp()
-                FROM unnest($3::text[]) AS s ORDER BY s
+                FROM unnest($3::text[]) AS s ORDER BY s COLLATE "C"
                 ON CONFLICT (role, chain_id, signer) DO UPDATE SET
                     fencing_token = CASE
                         WHEN sl.owner_node = EXCLUDED.owner_node
@@ -373,18 +373,28 @@ impl LeaseManager {
 
     /// Renews `leases` (any chains, this role and node) in one statement. A lease is renewed only
     /// if it is still ours with the same token and has not expired past the skew; the others are
-    /// reported lost.
+    /// reported lost. The rows are locked in (chain, address) order first, like every statement
+    /// that locks several lease rows, so that a renewal cannot deadlock with an acquisition or a
+    /// batch commit.
     pub async fn renew(&self, leases: &[HeldLease]) -> Result<Renewal, LeaseError> {
         let chains: Vec<i64> = leases.iter().map(|l| l.key.chain_id.0).collect();
         let signers: Vec<&str> = leases.iter().map(|l| l.key.signer.as_str()).collect();
         let tokens: Vec<i64> = leases.iter().map(|l| l.token.0).collect();
         let rows: Vec<RenewRow> = sqlx::query_as(
             r#"
+            WITH locked AS (
+                SELECT f.role, f.chain_id, f.signer FROM signer_lease f
+                JOIN unnest($4::bigint[], $5::text[], $6::bigint[]) AS r(chain_id, signer, token)
+                  ON f.role = $1 AND f.chain_id = r.chain_id AND f.signer = r.signer
+                 AND f.fencing_token = r.token AND f.owner_node = $3
+                ORDER BY f.chain_id, f.signer COLLATE "C"
+                FOR UPDATE OF f
+            )
             UPDATE signer_lease sl
             SET expires_at = clock_timestamp() + $2 * interval '1 millisecond', updated_at = clock_timestamp()
-            FROM unnest($4::bigint[], $5::text[], $6::bigint[]) AS r(chain_id, signer, token)
-            WHERE sl.role = $1 AND sl.chain_id = r.chain_id AND sl.signer = r.signer
-              AND sl.fencing_token = r.token AND sl.owner_node = $3
+            FROM locked r
+            WHERE sl.role = r.role AND sl.chain_id = r.chain_id AND sl.signer = r.signer
+              AND sl.fencing_token = ANY($6) AND sl.owner_node = $3
               AND sl.expires_at > clock_timestamp() - $7 * interval '1 millisecond'
             RETURNING sl.chain_id, sl.signer, sl.fencing_token, sl.expires_at, sl.updated_at AS granted_at
             "#,
