@@ -4,7 +4,10 @@
 //! The model: per-address mined (`latest`) nonces, a pool of sent transactions (decoded from their
 //! EIP-2718 bytes: sender, nonce, hash), blocks made by [`FakeChain::mine`] from the pool's
 //! executable transactions (consecutive nonces from each sender's latest), and receipts for what
-//! was mined. Sends are answered the way a node answers them ("already known", "nonce too low",
+//! was mined; each block keeps its transactions' hashes and every sender's nonce after it, so that
+//! the chain's history ([`ChainClient::nonce_at`], [`ChainClient::block_transaction_hashes`])
+//! tells the truth. A nonce used outside txflow ([`FakeChain::use_nonce_elsewhere`]) is a mined
+//! transaction of its own, in a block of its own. Sends are answered the way a node answers them ("already known", "nonce too low",
 //! "replacement transaction underpriced"), unless a test scripted the next answers
 //! ([`FakeChain::script_send`]). Simulations answer `Ok { gas: 21000 }` unless set per destination;
 //! any method can be made to fail as an unavailable node ([`FakeChain::fail_next`]). Every call
@@ -23,7 +26,7 @@ use txflow_core::chain::{
 };
 
 /// The names [`FakeChain::calls`] counts, one per [`ChainClient`] method.
-pub const METHODS: [&str; 9] = [
+pub const METHODS: [&str; 11] = [
     "pending_nonce",
     "latest_nonce",
     "knows_transaction",
@@ -33,6 +36,8 @@ pub const METHODS: [&str; 9] = [
     "receipt",
     "block",
     "block_number",
+    "nonce_at",
+    "block_transaction_hashes",
 ];
 
 /// A transaction in the fake node's pool or mined.
@@ -44,6 +49,14 @@ pub struct FakeTx {
     pub raw: Vec<u8>,
 }
 
+/// A mined block: its header, its transactions and every sender's nonce after it.
+#[derive(Debug, Clone)]
+struct FakeBlock {
+    header: BlockHeader,
+    transactions: Vec<B256>,
+    nonces: HashMap<Address, u64>,
+}
+
 #[derive(Debug)]
 struct State {
     /// Mined transactions per sender (the `latest` nonce).
@@ -52,7 +65,7 @@ struct State {
     pool: BTreeMap<(Address, u64), FakeTx>,
     /// Mined: by hash, with the receipt.
     mined: HashMap<B256, (FakeTx, Receipt)>,
-    blocks: Vec<BlockHeader>,
+    blocks: Vec<FakeBlock>,
     /// Every raw transaction received by `send_raw`, in order (duplicates included).
     sent: Vec<Vec<u8>>,
     send_script: VecDeque<SendOutcome>,
@@ -79,11 +92,15 @@ impl Default for FakeChain {
     }
 }
 
-fn genesis() -> BlockHeader {
-    BlockHeader {
-        number: 0,
-        hash: keccak256(b"fake genesis"),
-        parent_hash: B256::ZERO,
+fn genesis() -> FakeBlock {
+    FakeBlock {
+        header: BlockHeader {
+            number: 0,
+            hash: keccak256(b"fake genesis"),
+            parent_hash: B256::ZERO,
+        },
+        transactions: Vec::new(),
+        nonces: HashMap::new(),
     }
 }
 
@@ -147,23 +164,32 @@ impl FakeChain {
         self.state().reverting.push(to);
     }
 
-    /// The signer used `nonce` outside txflow: its latest nonce is at least `nonce + 1`, and pooled
-    /// transactions below it are dropped (as a node does).
+    /// The signer used `nonce` outside txflow: transactions txflow did not send take its nonces
+    /// up to `nonce` (a block of their own, mined now), and pooled transactions below its new
+    /// latest nonce are dropped (as a node does). Nothing happens if `nonce` is already used.
     pub fn use_nonce_elsewhere(&self, from: Address, nonce: u64) {
         let mut s = self.state();
-        let latest = s.latest.entry(from).or_default();
-        *latest = (*latest).max(nonce + 1);
-        let latest = *latest;
-        s.pool.retain(|(a, n), _| *a != from || *n >= latest);
+        let latest = s.latest.get(&from).copied().unwrap_or(0);
+        if nonce < latest {
+            return;
+        }
+        let outsiders: Vec<FakeTx> = (latest..=nonce)
+            .map(|n| FakeTx {
+                hash: keccak256(format!("outsider {from} {n}")),
+                from,
+                nonce: n,
+                raw: Vec::new(),
+            })
+            .collect();
+        s.latest.insert(from, nonce + 1);
+        s.pool.retain(|(a, n), _| *a != from || *n > nonce);
+        FakeChain::seal(&mut s, outsiders);
     }
 
     /// Mines one block with every executable pooled transaction (consecutive nonces from each
     /// sender's latest); returns the block's number.
     pub fn mine(&self) -> u64 {
         let mut s = self.state();
-        let parent = *s.blocks.last().expect("genesis");
-        let number = parent.number + 1;
-        let hash = keccak256(format!("fake block {number} after {}", parent.hash));
         let mut included = Vec::new();
         loop {
             let next = s
@@ -176,6 +202,16 @@ impl FakeChain {
             *s.latest.entry(k.0).or_default() += 1;
             included.push(tx);
         }
+        FakeChain::seal(&mut s, included)
+    }
+
+    /// Appends a block of `included` (whose senders' nonces `latest` already counts), with their
+    /// receipts; returns its number.
+    fn seal(s: &mut State, included: Vec<FakeTx>) -> u64 {
+        let parent = s.blocks.last().expect("genesis").header;
+        let number = parent.number + 1;
+        let hash = keccak256(format!("fake block {number} after {}", parent.hash));
+        let transactions: Vec<B256> = included.iter().map(|t| t.hash).collect();
         for tx in included {
             let status = match TxEnvelope::decode_2718(&mut tx.raw.as_slice()) {
                 Ok(e) => !e.to().is_some_and(|to| s.reverting.contains(&to)),
@@ -191,10 +227,15 @@ impl FakeChain {
             };
             s.mined.insert(tx.hash, (tx, receipt));
         }
-        s.blocks.push(BlockHeader {
-            number,
-            hash,
-            parent_hash: parent.hash,
+        let nonces = s.latest.clone();
+        s.blocks.push(FakeBlock {
+            header: BlockHeader {
+                number,
+                hash,
+                parent_hash: parent.hash,
+            },
+            transactions,
+            nonces,
         });
         number
     }
@@ -238,6 +279,10 @@ impl FakeChain {
             });
         }
         Ok(s)
+    }
+
+    fn block_at(s: &State, number: u64) -> Option<&FakeBlock> {
+        s.blocks.get(usize::try_from(number).ok()?)
     }
 
     fn pending_of(s: &State, from: Address) -> u64 {
@@ -358,14 +403,35 @@ impl ChainClient for FakeChain {
     fn block(&self, number: u64) -> ChainFuture<'_, Option<BlockHeader>> {
         ready(
             self.enter("block")
-                .map(|s| s.blocks.get(number as usize).copied()),
+                .map(|s| FakeChain::block_at(&s, number).map(|b| b.header)),
         )
     }
 
     fn block_number(&self) -> ChainFuture<'_, u64> {
         ready(
             self.enter("block_number")
-                .map(|s| s.blocks.last().map(|b| b.number).unwrap_or(0)),
+                .map(|s| s.blocks.last().map(|b| b.header.number).unwrap_or(0)),
+        )
+    }
+
+    fn nonce_at(&self, address: Address, block: u64) -> ChainFuture<'_, u64> {
+        ready(self.enter("nonce_at").and_then(|s| {
+            // As a node answers for a block it does not have.
+            FakeChain::block_at(&s, block)
+                .map(|b| b.nonces.get(&address).copied().unwrap_or(0))
+                .ok_or(ChainError::Rpc {
+                    method: "eth_getTransactionCount",
+                    code: -32000,
+                    message: "header not found".into(),
+                    data: None,
+                })
+        }))
+    }
+
+    fn block_transaction_hashes(&self, number: u64) -> ChainFuture<'_, Option<Vec<B256>>> {
+        ready(
+            self.enter("block_transaction_hashes")
+                .map(|s| FakeChain::block_at(&s, number).map(|b| b.transactions.clone())),
         )
     }
 }
@@ -481,6 +547,65 @@ mod tests {
         assert_eq!(chain.sent().len(), 8);
         assert_eq!(chain.calls("send_raw"), 8);
         assert_eq!(chain.calls("receipt"), 2);
+    }
+
+    #[tokio::test]
+    async fn the_history_of_nonces_and_blocks_is_true() {
+        let chain = FakeChain::new();
+        let c = client(&chain);
+        let key = PrivateKeySigner::random();
+        let me = key.address();
+        let sink = Address::repeat_byte(0xde);
+        let t0 = tx(&key, 0, sink);
+        let t1 = tx(&key, 1, sink);
+        c.send_raw(&t0.raw).await.unwrap();
+        c.send_raw(&t1.raw).await.unwrap();
+        assert_eq!(chain.mine(), 1);
+        assert_eq!(chain.mine(), 2, "an empty block");
+
+        assert_eq!(c.nonce_at(me, 0).await.unwrap(), 0);
+        assert_eq!(c.nonce_at(me, 1).await.unwrap(), 2);
+        assert_eq!(c.nonce_at(me, 2).await.unwrap(), 2);
+        assert_eq!(
+            c.nonce_at(Address::repeat_byte(1), 2).await.unwrap(),
+            0,
+            "no transaction, nonce 0"
+        );
+        let e = c.nonce_at(me, 3).await.expect_err("past the head");
+        assert!(!e.is_transient(), "a node's answer: {e}");
+        assert_eq!(
+            c.block_transaction_hashes(1).await.unwrap(),
+            Some(vec![t0.hash, t1.hash])
+        );
+        assert_eq!(c.block_transaction_hashes(0).await.unwrap(), Some(vec![]));
+        assert_eq!(c.block_transaction_hashes(2).await.unwrap(), Some(vec![]));
+        assert_eq!(c.block_transaction_hashes(3).await.unwrap(), None);
+
+        // Nonces 2 and 3 used outside txflow: a block of their own, which holds none of ours.
+        let t2 = tx(&key, 2, sink);
+        c.send_raw(&t2.raw).await.unwrap();
+        chain.use_nonce_elsewhere(me, 3);
+        assert!(chain.pooled().is_empty(), "the pooled nonce 2 is dropped");
+        assert_eq!(c.block_number().await.unwrap(), 3);
+        assert_eq!(c.latest_nonce(me).await.unwrap(), 4);
+        assert_eq!(c.nonce_at(me, 2).await.unwrap(), 2);
+        assert_eq!(c.nonce_at(me, 3).await.unwrap(), 4);
+        let outsiders = c
+            .block_transaction_hashes(3)
+            .await
+            .unwrap()
+            .expect("block 3");
+        assert_eq!(outsiders.len(), 2);
+        assert!(!outsiders.contains(&t2.hash));
+        for h in &outsiders {
+            assert!(c.knows_transaction(*h).await.unwrap());
+            assert_eq!(c.receipt(*h).await.unwrap().expect("mined").block_number, 3);
+        }
+        // An already used nonce: nothing happens.
+        chain.use_nonce_elsewhere(me, 1);
+        assert_eq!(c.block_number().await.unwrap(), 3);
+        assert_eq!(chain.calls("nonce_at"), 7);
+        assert_eq!(chain.calls("block_transaction_hashes"), 5);
     }
 
     #[tokio::test]

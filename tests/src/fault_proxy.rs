@@ -1,8 +1,9 @@
 //! A JSON-RPC fault proxy (in-process, hyper): forwards every request to an upstream node, except
 //! where a [`Rule`] says to fail it — an HTTP status (5xx, 429), a delay (past the client's timeout),
-//! a dropped connection, a JSON-RPC error, "forward, then lose the response" (the node acts, the
-//! client never hears), or "forward, then answer an error" (the node acts, the client hears it
-//! failed). It counts what it saw and what it did, so that a test can check the faults
+//! a dropped connection, a JSON-RPC error, a JSON-RPC result of the test's choosing (a lagging or
+//! lying node: `null`, "unknown", for a transaction it has), "forward, then lose the response"
+//! (the node acts, the client never hears), or "forward, then answer an error" (the node acts, the
+//! client hears it failed). It counts what it saw and what it did, so that a test can check the faults
 //! really happened.
 
 use std::collections::BTreeMap;
@@ -28,6 +29,9 @@ pub enum Fault {
     Reset,
     /// Answer with this JSON-RPC error, without forwarding.
     RpcError { code: i64, message: String },
+    /// Answer with this JSON-RPC result, without forwarding: `Value::Null` is a node's "unknown"
+    /// (no such transaction, no receipt) whatever the chain holds.
+    Result(serde_json::Value),
     /// Forward, then close the connection without passing the answer on.
     ForwardThenLose,
     /// Forward, then answer with this JSON-RPC error instead of the node's answer: the node
@@ -42,6 +46,7 @@ impl Fault {
             Fault::Delay(_) => "delay",
             Fault::Reset => "reset",
             Fault::RpcError { .. } => "rpc_error",
+            Fault::Result(_) => "result",
             Fault::ForwardThenLose => "forward_then_lose",
             Fault::ForwardThenError { .. } => "forward_then_error",
         }
@@ -163,7 +168,7 @@ impl FaultProxy {
         self.calls().values().sum()
     }
 
-    /// Faults applied, per (method, kind: `status`, `delay`, `reset`, `rpc_error`,
+    /// Faults applied, per (method, kind: `status`, `delay`, `reset`, `rpc_error`, `result`,
     /// `forward_then_lose`, `forward_then_error`).
     pub fn faults(&self) -> BTreeMap<(String, &'static str), u64> {
         self.state
@@ -202,6 +207,12 @@ fn respond(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
         hyper::header::HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// A JSON-RPC result answer to the call with this `id`.
+fn rpc_result(id: &serde_json::Value, result: &serde_json::Value) -> Response<Full<Bytes>> {
+    let answer = serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result});
+    respond(StatusCode::OK, Bytes::from(answer.to_string()))
 }
 
 /// A JSON-RPC error answer to the call with this `id`.
@@ -275,6 +286,7 @@ async fn handle(
         }
         Some(Fault::Reset) => Err(Box::new(Dropped)),
         Some(Fault::RpcError { code, message }) => Ok(rpc_error(&id, code, &message)),
+        Some(Fault::Result(result)) => Ok(rpc_result(&id, &result)),
         Some(Fault::ForwardThenLose) => {
             let _ = forward(&s, body).await;
             Err(Box::new(Dropped))

@@ -27,7 +27,10 @@ use txflow_core::state::{FAIL_SIGNED, Move, REPLACE, RESUBMIT, SUBMIT};
 use uuid::Uuid;
 
 use crate::config::BroadcasterConfig;
-use crate::decide::{self, Answer, Funds, NonceTooLow, Record, Resent, Stop};
+use crate::decide::{
+    self, Answer, Funds, NonceFacts, NonceTooLow, PassSearch, PassedIn, Record, Resent, Search,
+    Stop,
+};
 use crate::store::{self, DueRow, FailSigned, Row, SignedRow, Submit};
 
 /// The broadcaster's handler.
@@ -222,8 +225,11 @@ impl BroadcastStage {
         Ok((self.record_sends(ctx, recorded).await?, funds))
     }
 
-    /// "nonce too low": asks the chain whether it knows one of the transaction's hashes and, if
-    /// not, its latest nonce for the signer; [`decide::nonce_too_low`] decides.
+    /// "nonce too low": gathers what the chain says of whose nonce it is, and
+    /// [`decide::nonce_too_low`] decides. In order, each only if still needed: whether the node
+    /// knows one of the transaction's hashes (by hash or by receipt); the signer's latest nonce;
+    /// then the block where the signer's nonce passed ours ([`PassSearch`]) and its transaction
+    /// hashes. A lookup that fails is an error: undecided, tried again later.
     async fn whose_nonce(
         &self,
         ctx: &DriveCtx<'_>,
@@ -236,25 +242,66 @@ impl BroadcastStage {
                 tracing::warn!(tx_id = %row.tx_id, error = %e, "could not read the transaction's hashes");
                 Vec::new()
             });
-        let mut known = false;
-        for h in &hashes {
-            if let Ok(hash) = h.parse::<B256>()
-                && self.chain.knows_transaction(hash).await?
+        let mut facts = NonceFacts {
+            ours: hashes
+                .iter()
+                .filter_map(|h| h.parse::<B256>().ok())
+                .collect(),
+            ..NonceFacts::default()
+        };
+        if facts.ours.len() != hashes.len() {
+            // A hash we cannot read could be the one mined: no proof can be complete.
+            tracing::warn!(tx_id = %row.tx_id, "a recorded hash is not a hash");
+            return Ok(NonceTooLow::Undecided);
+        }
+        for &hash in &facts.ours {
+            if self.chain.knows_transaction(hash).await?
+                || self.chain.receipt(hash).await?.is_some()
             {
-                known = true;
-                break;
+                facts.known = true;
+                return Ok(decide::nonce_too_low(row.nonce, &facts));
             }
         }
-        let chain_nonce = match signer_address(ctx.lease.key()) {
-            Ok(address) if !known => Some(self.chain.latest_nonce(address).await?),
-            Ok(_) | Err(_) => None,
+        let Ok(address) = signer_address(ctx.lease.key()) else {
+            return Ok(NonceTooLow::Undecided);
         };
-        Ok(decide::nonce_too_low(
-            known,
-            chain_nonce,
-            row.nonce,
-            !hashes.is_empty(),
-        ))
+        facts.latest = Some(self.chain.latest_nonce(address).await?);
+        if decide::needs_search(row.nonce, &facts)
+            && let Ok(nonce) = u64::try_from(row.nonce)
+        {
+            facts.passed_in = self.passed_in(address, nonce).await?;
+        }
+        Ok(decide::nonce_too_low(row.nonce, &facts))
+    }
+
+    /// The block where `address`'s nonce passed `nonce`, and its transaction hashes: `None` if
+    /// the chain's answers do not add up (or the block is gone).
+    async fn passed_in(
+        &self,
+        address: Address,
+        nonce: u64,
+    ) -> Result<Option<PassedIn>, ChainError> {
+        let head = self.chain.block_number().await?;
+        let mut search = PassSearch::new(nonce, head);
+        loop {
+            match search.next() {
+                Search::Ask(block) => search.answer(self.chain.nonce_at(address, block).await?),
+                Search::Found(block) => {
+                    let transactions = self.chain.block_transaction_hashes(block).await?;
+                    if transactions.is_none() {
+                        tracing::warn!(%address, nonce, block, "the block where the nonce passed is not found");
+                    }
+                    return Ok(transactions.map(|transactions| PassedIn {
+                        block,
+                        transactions,
+                    }));
+                }
+                Search::Failed(why) => {
+                    tracing::warn!(%address, nonce, head, why, "cannot find where the nonce passed");
+                    return Ok(None);
+                }
+            }
+        }
     }
 
     /// Records the sends in one fenced transaction: SUBMIT, REPLACE and FAIL_SIGNED, each for all

@@ -37,12 +37,16 @@ pub enum ChainError {
     },
     #[error("{0}")]
     InvalidUrl(String),
+    /// The node answered something no chain says (a fee past [`MAX_FEE_PER_GAS`], a value that
+    /// overflows): not believed; another endpoint, or this one later, may answer sanely.
+    #[error("{method}: implausible answer: {what}")]
+    Implausible { method: &'static str, what: String },
 }
 
 impl Classify for ChainError {
     fn retry(&self) -> Retry {
         match self {
-            ChainError::Unavailable { .. } => Retry::Transient,
+            ChainError::Unavailable { .. } | ChainError::Implausible { .. } => Retry::Transient,
             ChainError::Rpc { code, .. } if rate_limited(*code) => Retry::Transient,
             ChainError::Rpc { .. } | ChainError::InvalidUrl(_) => Retry::Permanent,
         }
@@ -452,6 +456,12 @@ pub trait ChainClient: Send + Sync + std::fmt::Debug {
     fn block(&self, number: u64) -> ChainFuture<'_, Option<BlockHeader>>;
     /// The number of the latest block.
     fn block_number(&self) -> ChainFuture<'_, u64>;
+    /// The number of transactions `address` had sent as of (after) block `block`: its nonce
+    /// then. An error where the node no longer keeps that block's state.
+    fn nonce_at(&self, address: Address, block: u64) -> ChainFuture<'_, u64>;
+    /// The hashes of the transactions of the canonical block at `number`, in block order;
+    /// `None` past the head.
+    fn block_transaction_hashes(&self, number: u64) -> ChainFuture<'_, Option<Vec<B256>>>;
 }
 
 /// Log targets of libraries that record an endpoint's full URL (with any API key in its path or
@@ -637,7 +647,12 @@ impl Chain {
             match h.down_until {
                 Some(t) if t > now => down.push((t, i)),
                 Some(_) => {
-                    h.down_until = Some(now + self.settings.timeout);
+                    // The probe's own timeout (configured; a timeout past what an `Instant`
+                    // holds passes the endpoint over for the longest pause instead).
+                    h.down_until = Some(
+                        now.checked_add(self.settings.timeout)
+                            .unwrap_or(now + Duration::from_secs(30)),
+                    );
                     up.push(i);
                 }
                 None => up.push(i),
@@ -772,15 +787,49 @@ impl Chain {
         }
     }
 
-    /// EIP-1559 fees from `eth_feeHistory`: (max fee, max priority fee).
+    /// EIP-1559 fees from `eth_feeHistory` (alloy's default estimator, with checked arithmetic):
+    /// (max fee, max priority fee). Fees past [`MAX_FEE_PER_GAS`] are an implausible answer.
     pub async fn fees(&self) -> Result<(u128, u128), ChainError> {
-        let est = self
+        use alloy::providers::utils::{
+            EIP1559_FEE_ESTIMATION_PAST_BLOCKS, EIP1559_FEE_ESTIMATION_REWARD_PERCENTILE,
+        };
+        let history = self
             .call("eth_feeHistory", |p| async move {
-                p.estimate_eip1559_fees().await
+                p.get_fee_history(
+                    EIP1559_FEE_ESTIMATION_PAST_BLOCKS,
+                    alloy::eips::BlockNumberOrTag::Latest,
+                    &[EIP1559_FEE_ESTIMATION_REWARD_PERCENTILE],
+                )
+                .await
             })
             .await
             .map_err(|e| classify("eth_feeHistory", e))?;
-        Ok((est.max_fee_per_gas, est.max_priority_fee_per_gas))
+        let base_fee = match history.latest_block_base_fee() {
+            Some(fee) if fee != 0 => fee,
+            // No base fee in the history: the latest block's own.
+            _ => {
+                let block = self
+                    .call("eth_getBlockByNumber", |p| async move {
+                        p.get_block_by_number(alloy::eips::BlockNumberOrTag::Latest)
+                            .await
+                    })
+                    .await
+                    .map_err(|e| classify("eth_getBlockByNumber", e))?;
+                block
+                    .and_then(|b| b.header.base_fee_per_gas)
+                    .map(u128::from)
+                    .ok_or(ChainError::Implausible {
+                        method: "eth_getBlockByNumber",
+                        what: "the latest block has no base fee".into(),
+                    })?
+            }
+        };
+        eip1559_fees(base_fee, &history.reward.unwrap_or_default()).ok_or_else(|| {
+            ChainError::Implausible {
+                method: "eth_feeHistory",
+                what: format!("fees past {MAX_FEE_PER_GAS} wei per gas (base fee {base_fee})"),
+            }
+        })
     }
 
     /// Sends a signed transaction and classifies the answer. Sending the same bytes again is
@@ -845,6 +894,64 @@ impl Chain {
         .await
         .map_err(|e| classify("eth_blockNumber", e))
     }
+
+    /// The signer's nonce as of block `block` (`eth_getTransactionCount` at that block number):
+    /// a node without that block's state answers an error.
+    pub async fn nonce_at(&self, address: Address, block: u64) -> Result<u64, ChainError> {
+        self.call("eth_getTransactionCount", |p| async move {
+            p.get_transaction_count(address).number(block).await
+        })
+        .await
+        .map_err(|e| classify("eth_getTransactionCount", e))
+    }
+
+    /// The transaction hashes of the canonical block at `number` (`eth_getBlockByNumber`, hashes
+    /// only); `None` past the head.
+    pub async fn block_transaction_hashes(
+        &self,
+        number: u64,
+    ) -> Result<Option<Vec<B256>>, ChainError> {
+        let b = self
+            .call("eth_getBlockByNumber", |p| async move {
+                p.get_block_by_number(number.into()).hashes().await
+            })
+            .await
+            .map_err(|e| classify("eth_getBlockByNumber", e))?;
+        Ok(b.map(|b| b.transactions.hashes().collect()))
+    }
+}
+
+/// The highest fee per gas (max fee or tip) txflow takes from a node: 10^18 wei (one native
+/// token) per gas, far past any chain's, and low enough that the gas limit (a `u64`) times it
+/// stays within a `u128`. A node that answers more is not believed.
+pub const MAX_FEE_PER_GAS: u128 = 1_000_000_000_000_000_000;
+
+/// alloy's default EIP-1559 estimate (MetaMask's "medium": twice the base fee plus the median
+/// of the first reward percentile, at least 1 wei), with checked arithmetic: `None` when a
+/// value would overflow or pass [`MAX_FEE_PER_GAS`]. (max fee, max priority fee).
+pub fn eip1559_fees(base_fee: u128, rewards: &[Vec<u128>]) -> Option<(u128, u128)> {
+    use alloy::providers::utils::{EIP1559_BASE_FEE_MULTIPLIER, EIP1559_MIN_PRIORITY_FEE};
+    let mut firsts: Vec<u128> = rewards
+        .iter()
+        .filter_map(|r| r.first().copied())
+        .filter(|r| *r > 0)
+        .collect();
+    firsts.sort_unstable();
+    let n = firsts.len();
+    let median = match n {
+        0 => EIP1559_MIN_PRIORITY_FEE,
+        // The mean of the two middle values, without adding them (which may overflow).
+        _ if n.is_multiple_of(2) => {
+            let (a, b) = (firsts[n / 2 - 1], firsts[n / 2]);
+            a / 2 + b / 2 + (a % 2 + b % 2) / 2
+        }
+        _ => firsts[n / 2],
+    };
+    let tip = median.max(EIP1559_MIN_PRIORITY_FEE);
+    let max_fee = base_fee
+        .checked_mul(EIP1559_BASE_FEE_MULTIPLIER)?
+        .checked_add(tip)?;
+    (max_fee <= MAX_FEE_PER_GAS && tip <= MAX_FEE_PER_GAS).then_some((max_fee, tip))
 }
 
 impl ChainClient for Chain {
@@ -880,6 +987,12 @@ impl ChainClient for Chain {
     }
     fn block_number(&self) -> ChainFuture<'_, u64> {
         Box::pin(Chain::block_number(self))
+    }
+    fn nonce_at(&self, address: Address, block: u64) -> ChainFuture<'_, u64> {
+        Box::pin(Chain::nonce_at(self, address, block))
+    }
+    fn block_transaction_hashes(&self, number: u64) -> ChainFuture<'_, Option<Vec<B256>>> {
+        Box::pin(Chain::block_transaction_hashes(self, number))
     }
 }
 
@@ -1282,6 +1395,75 @@ mod tests {
                 "{code} {message}: the node's trouble, not the transaction's"
             );
         }
+    }
+
+    #[test]
+    fn fees_are_alloys_default_estimate_for_ordinary_answers() {
+        use alloy::providers::utils::eip1559_default_estimator;
+        // (base fee, rewards of the blocks)
+        let cases: Vec<(u128, Vec<Vec<u128>>)> = vec![
+            (1_000_000_000, vec![]),
+            (7, vec![vec![0], vec![0]]),
+            (30_000_000_000, vec![vec![2_000_000_000]]),
+            (30_000_000_000, vec![vec![1], vec![4], vec![9]]),
+            (
+                30_000_000_000,
+                vec![vec![3], vec![4], vec![], vec![8], vec![0]],
+            ),
+            (1, vec![vec![5, 100], vec![6, 100]]),
+            (0, vec![vec![1_000_000_001], vec![1_000_000_000]]),
+        ];
+        for (base, rewards) in cases {
+            let want = eip1559_default_estimator(base, &rewards);
+            assert_eq!(
+                eip1559_fees(base, &rewards),
+                Some((want.max_fee_per_gas, want.max_priority_fee_per_gas)),
+                "base {base}, rewards {rewards:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn fees_that_overflow_or_pass_the_cap_are_not_believed() {
+        let cap = MAX_FEE_PER_GAS;
+        // (base fee, rewards) → the estimate, or `None`: nothing overflows, nothing panics.
+        type Case = (u128, Vec<Vec<u128>>, Option<(u128, u128)>);
+        let cases: Vec<Case> = vec![
+            // Twice the base fee overflows a u128.
+            (u128::MAX, vec![], None),
+            (u128::MAX / 2 + 1, vec![vec![1]], None),
+            // Twice the base fee fits, plus the tip does not.
+            (u128::MAX / 2, vec![vec![2]], None),
+            // The two middle rewards would overflow if added: their mean, then past the cap.
+            (1, vec![vec![u128::MAX], vec![u128::MAX - 2]], None),
+            (1, vec![vec![u128::MAX], vec![u128::MAX]], None),
+            // At the cap, and one wei past it.
+            (cap / 2, vec![], None),
+            ((cap - 1) / 2, vec![], Some((cap - 1, 1))),
+            (0, vec![vec![cap]], Some((cap, cap))),
+            (0, vec![vec![cap + 1]], None),
+            // Large even pair under the cap: the exact mean.
+            (
+                0,
+                vec![vec![cap - 1], vec![cap - 3]],
+                Some((cap - 2, cap - 2)),
+            ),
+            (0, vec![vec![3], vec![4]], Some((3, 3))),
+        ];
+        for (base, rewards, want) in cases {
+            assert_eq!(
+                eip1559_fees(base, &rewards),
+                want,
+                "base {base}, rewards {rewards:?}"
+            );
+        }
+        // The cap times the largest gas limit still fits a u128.
+        assert!(MAX_FEE_PER_GAS.checked_mul(u128::from(u64::MAX)).is_some());
+        let e = ChainError::Implausible {
+            method: "eth_feeHistory",
+            what: "x".into(),
+        };
+        assert_eq!(e.retry(), Retry::Transient, "another answer may be sane");
     }
 
     #[test]
