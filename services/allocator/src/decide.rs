@@ -1,8 +1,12 @@
 //! The allocator's decisions, pure (no I/O): validation of the TxRequest contract (ARCHITECTURE
 //! §2; every refusal is a [`Rejection`] with a stable code, dead-lettered), what a simulation
-//! result and the policy make of a transaction, what an operator command does in each state, and
-//! how an allocation or a no-op is built. `handler.rs` loads, calls these, and persists through
-//! `store.rs`.
+//! result and the policy make of a transaction, whether a signer that cannot pay for a request
+//! is held as a whole or only that request is ([`signer_funds`], [`HoldBackoff`]), what an
+//! operator command does in each state, and how an allocation or a no-op is built. Arithmetic on
+//! values from the node is checked: what cannot be represented is an [`OutOfRange`], never a
+//! wrap or a panic. `handler.rs` loads, calls these, and persists through `store.rs`.
+
+use std::time::Duration;
 
 use alloy::primitives::{Address, Bytes, U256};
 use txflow_core::chain::Simulation;
@@ -16,6 +20,36 @@ use txflow_core::state::TxState;
 pub const MAX_DATA_BYTES: usize = 128 * 1024;
 pub const MAX_GAS_LIMIT: i64 = 30_000_000;
 pub const MAX_METADATA_ENTRIES: usize = 32;
+/// The gas of a plain transfer: the floor of a gas limit, and the gas the funds probe prices.
+pub const TRANSFER_GAS: u64 = 21_000;
+/// At most this many transactions are allocated in one drive (the rest in the next one).
+pub const MAX_ALLOCATIONS_PER_DRIVE: i64 = 10_000;
+/// At most this many released nonces are filled with no-ops in one drive.
+pub const MAX_NOOPS_PER_DRIVE: u32 = 1_000;
+
+/// A value from the node, or computed from one, that txflow cannot represent or that is beyond
+/// its cap. Deterministic: the same inputs fail the same way, so it is never retried as if
+/// transient.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutOfRange {
+    #[error("the node's gas estimate {estimate} is above the gas limit cap of {cap}")]
+    GasEstimate { estimate: u64, cap: u64 },
+    #[error("gas limit {0} does not fit a signed 64-bit integer")]
+    GasLimit(u64),
+    #[error("the chain's nonce {0} does not fit a signed 64-bit integer")]
+    ChainNonce(u64),
+    #[error(
+        "the maximum cost of the transaction (gas limit {gas_limit} × max fee {max_fee_per_gas} \
+         wei + value {value} wei) does not fit 256 bits"
+    )]
+    MaxCost {
+        gas_limit: u64,
+        max_fee_per_gas: u128,
+        value: U256,
+    },
+    #[error("{0} transactions do not fit one allocation")]
+    Count(usize),
+}
 
 /// A request that passed validation, with typed values.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +120,7 @@ pub fn validate(r: &TxRequest, expected_chain: ChainId) -> Result<ValidRequest, 
     }
     let gas_limit = match r.gas_limit {
         None => None,
-        Some(g) if g > 0 && g <= MAX_GAS_LIMIT => Some(g as u64),
+        Some(g) if g > 0 && g <= MAX_GAS_LIMIT => u64::try_from(g).ok(),
         Some(g) => {
             return Err(Rejection::new(
                 "INVALID_GAS_LIMIT",
@@ -186,10 +220,28 @@ pub enum AfterSimulation {
     AwaitApproval(TxPayload),
     /// RECEIVED → FAILED.
     Fail { code: FailureCode, reason: String },
-    /// The signer cannot pay: leave it RECEIVED and hold the signer.
-    Hold { reason: String },
+    /// The signer cannot pay for this one now (the node said insufficient funds): it stays
+    /// RECEIVED, held alone or with its whole signer as [`signer_funds`] decides; never failed.
+    CannotPay { reason: String },
     /// The node could not answer: leave it RECEIVED, try again later.
     Retry { reason: String },
+}
+
+/// The gas limit of a transaction whose simulation used `estimate`: the requested one if the
+/// request set it (validated at intake), otherwise the estimate plus 20%, at least a plain
+/// transfer's gas and at most [`MAX_GAS_LIMIT`]. An estimate above the cap cannot be sent as
+/// estimated: [`OutOfRange::GasEstimate`].
+pub fn gas_limit(requested: Option<u64>, estimate: u64) -> Result<u64, OutOfRange> {
+    if let Some(g) = requested {
+        return Ok(g);
+    }
+    let cap = u64::try_from(MAX_GAS_LIMIT).unwrap_or(u64::MAX);
+    if estimate > cap {
+        return Err(OutOfRange::GasEstimate { estimate, cap });
+    }
+    // estimate ≤ cap here, so this cannot saturate; checked all the same.
+    let padded = estimate.saturating_add(estimate / 5);
+    Ok(padded.clamp(TRANSFER_GAS, cap))
 }
 
 /// The policy first (a refusal stands whatever the node said), then the simulation.
@@ -218,7 +270,7 @@ pub fn after_simulation(policy: &Policy, payload: &TxPayload, sim: &SimResult) -
             code: FailureCode::SimulationFailed,
             reason: e.message.clone(),
         },
-        Ok(Simulation::InsufficientFunds { reason }) => AfterSimulation::Hold {
+        Ok(Simulation::InsufficientFunds { reason }) => AfterSimulation::CannotPay {
             reason: reason.clone(),
         },
         Ok(Simulation::Reverts { reason }) => AfterSimulation::Fail {
@@ -227,8 +279,15 @@ pub fn after_simulation(policy: &Policy, payload: &TxPayload, sim: &SimResult) -
         },
         Ok(Simulation::Ok { gas }) => {
             let mut p = payload.clone();
-            // Keep the requested limit; otherwise the estimate plus 20%.
-            p.gas_limit = Some(p.gas_limit.unwrap_or(gas + gas / 5));
+            match gas_limit(p.gas_limit, *gas) {
+                Ok(g) => p.gas_limit = Some(g),
+                Err(e) => {
+                    return AfterSimulation::Fail {
+                        code: FailureCode::SimulationFailed,
+                        reason: e.to_string(),
+                    };
+                }
+            }
             if verdict == Verdict::NeedsApproval {
                 AfterSimulation::AwaitApproval(p)
             } else {
@@ -236,6 +295,108 @@ pub fn after_simulation(policy: &Policy, payload: &TxPayload, sim: &SimResult) -
             }
         }
     }
+}
+
+/// The calldata of the funds probe: one byte, so that every client executes the call (anvil
+/// answers a plain transfer to an account without code with 21,000 without looking at the
+/// balance).
+pub const FUNDS_PROBE_DATA: [u8; 1] = [0];
+
+/// The value of the funds probe, a self-call simulated when some request of a drive cannot be
+/// paid: what the gas of a plain transfer costs at `max_fee_per_gas` (at least 1 wei, so that an
+/// empty account never passes). A signer that cannot move this much can pay for none of its
+/// requests. Cannot overflow (21,000 × a `u128` fits 256 bits); saturates if it ever could.
+pub fn funds_probe_value(max_fee_per_gas: u128) -> U256 {
+    U256::from(TRANSFER_GAS)
+        .saturating_mul(U256::from(max_fee_per_gas))
+        .max(U256::from(1))
+}
+
+/// What the drive's simulations say about the signer's funds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignerFunds {
+    /// No request failed for funds: the signer's hold, if any, clears.
+    Enough,
+    /// Some requests cannot be paid, but the signer can pay for others (the probe passed): those
+    /// are held alone, with a back-off; the others go on; the signer is not held.
+    HoldRequests,
+    /// The signer cannot even pay the gas of a plain transfer (the probe failed for funds), or
+    /// nothing shows that it can pay for anything: the signer is held and nothing moves.
+    HoldSigner { reason: String },
+    /// The probe could not be answered now: the drive is tried again later.
+    Retry { reason: String },
+}
+
+/// Whether the funds probe is needed: some request of the drive cannot be paid.
+pub fn needs_funds_probe(decisions: &[AfterSimulation]) -> bool {
+    decisions
+        .iter()
+        .any(|d| matches!(d, AfterSimulation::CannotPay { .. }))
+}
+
+/// Holds the signer only when it can pay for none of its requests: `probe` is the simulation of
+/// a self-call worth [`funds_probe_value`] (`None` when it was not made).
+pub fn signer_funds(decisions: &[AfterSimulation], probe: Option<&SimResult>) -> SignerFunds {
+    let Some(first) = decisions.iter().find_map(|d| match d {
+        AfterSimulation::CannotPay { reason } => Some(reason),
+        _ => None,
+    }) else {
+        return SignerFunds::Enough;
+    };
+    match probe {
+        None => SignerFunds::HoldSigner {
+            reason: first.clone(),
+        },
+        Some(Ok(Simulation::InsufficientFunds { reason })) => SignerFunds::HoldSigner {
+            reason: format!("the balance cannot pay the gas of a plain transfer: {reason}"),
+        },
+        Some(Err(e)) if e.transient => SignerFunds::Retry {
+            reason: e.message.clone(),
+        },
+        // The call ran (it succeeded or reverted), so the balance covers gas: the problem is
+        // those requests' own. A node error on the probe says nothing about the funds either;
+        // holding the signer for it would make one request's problem everybody's.
+        Some(Ok(Simulation::Ok { .. } | Simulation::Reverts { .. }) | Err(_)) => {
+            SignerFunds::HoldRequests
+        }
+    }
+}
+
+/// How long a request held alone waits before it is simulated again: `first` after its first
+/// hold, doubling with each further one, at most `max` (a request that cannot be paid does not
+/// cost the node a call on every recovery scan).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldBackoff {
+    pub first: Duration,
+    pub max: Duration,
+}
+
+impl HoldBackoff {
+    pub const DEFAULT: HoldBackoff = HoldBackoff {
+        first: Duration::from_secs(10),
+        max: Duration::from_secs(120),
+    };
+
+    /// The wait after the `attempts`-th hold (1 for the first; 0 is taken as 1).
+    pub fn after(&self, attempts: i32) -> Duration {
+        let doublings = u32::try_from(attempts.saturating_sub(1))
+            .unwrap_or(0)
+            .min(31);
+        self.first
+            .checked_mul(1u32 << doublings)
+            .unwrap_or(self.max)
+            .min(self.max)
+    }
+
+    /// [`HoldBackoff::after`] in milliseconds, as bound to SQL.
+    pub fn after_ms(&self, attempts: i32) -> i64 {
+        i64::try_from(self.after(attempts).as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+/// The reason recorded on a request held alone (`managed_tx.hold_reason`).
+pub fn request_hold_reason(node_reason: &str) -> String {
+    format!("the signer cannot pay for this request now: {node_reason}")
 }
 
 /// Whether an allocation must first align the cursor with the chain's pending nonce: when the
@@ -261,7 +422,70 @@ pub fn with_fees(mut p: TxPayload, fees: Option<(u128, u128)>) -> TxPayload {
     p
 }
 
-/// The announcement of an allocation (the row holds the same values).
+/// The chain's pending nonce as the cursor stores it (`BIGINT`): a nonce beyond `i64::MAX`
+/// cannot be represented and is never silently capped (aligning to a wrong nonce would send
+/// transactions the chain can never mine).
+pub fn chain_nonce(n: u64) -> Result<i64, OutOfRange> {
+    i64::try_from(n).map_err(|_| OutOfRange::ChainNonce(n))
+}
+
+/// How many nonces to ask the cursor for, for `rows` transactions.
+pub fn allocation_count(rows: usize) -> Result<u32, OutOfRange> {
+    u32::try_from(rows).map_err(|_| OutOfRange::Count(rows))
+}
+
+/// How many released nonces to fill with no-ops in one drive: the count read, never negative,
+/// at most [`MAX_NOOPS_PER_DRIVE`] (the rest in the next drive).
+pub fn noops_to_fill(released: i64) -> u32 {
+    u32::try_from(released.clamp(0, i64::from(MAX_NOOPS_PER_DRIVE))).unwrap_or(0)
+}
+
+/// Why a transaction cannot be allocated as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocationError {
+    #[error("the recorded {0} is not valid")]
+    Corrupt(&'static str),
+    #[error(transparent)]
+    OutOfRange(#[from] OutOfRange),
+}
+
+/// The most a transaction can cost its signer: `gas_limit × max_fee_per_gas + value`, checked.
+pub fn max_cost(gas_limit: u64, max_fee_per_gas: u128, value: U256) -> Result<U256, OutOfRange> {
+    U256::from(gas_limit)
+        .checked_mul(U256::from(max_fee_per_gas))
+        .and_then(|gas| gas.checked_add(value))
+        .ok_or(OutOfRange::MaxCost {
+            gas_limit,
+            max_fee_per_gas,
+            value,
+        })
+}
+
+/// The numbers of a payload as an allocation announces them, checked to be representable: the
+/// gas limit as the event's `long`, the data as bytes, and the maximum cost in 256 bits.
+pub fn allocatable(p: &TxPayload) -> Result<(i64, Vec<u8>), AllocationError> {
+    let gas = p.gas_limit.unwrap_or(TRANSFER_GAS);
+    let gas_limit = i64::try_from(gas).map_err(|_| OutOfRange::GasLimit(gas))?;
+    let value =
+        U256::from_str_radix(&p.value, 10).map_err(|_| AllocationError::Corrupt("value"))?;
+    let fee = |f: &Option<String>, name| -> Result<Option<u128>, AllocationError> {
+        f.as_deref()
+            .map(|v| {
+                v.parse::<u128>()
+                    .map_err(|_| AllocationError::Corrupt(name))
+            })
+            .transpose()
+    };
+    let max_fee = fee(&p.max_fee_per_gas, "max_fee_per_gas")?;
+    fee(&p.max_priority_fee_per_gas, "max_priority_fee_per_gas")?;
+    max_cost(gas, max_fee.unwrap_or(0), value)?;
+    let data = hex::decode(p.data.trim_start_matches("0x"))
+        .map_err(|_| AllocationError::Corrupt("data"))?;
+    Ok((gas_limit, data))
+}
+
+/// The announcement of an allocation (the row holds the same values), if the payload is
+/// [`allocatable`].
 #[allow(clippy::too_many_arguments)]
 pub fn allocated_event(
     event_id: String,
@@ -272,7 +496,8 @@ pub fn allocated_event(
     nonce: i64,
     p: &TxPayload,
     fencing_token: i64,
-) -> Result<TxAllocated, String> {
+) -> Result<TxAllocated, AllocationError> {
+    let (gas_limit, data) = allocatable(p)?;
     Ok(TxAllocated {
         event_id,
         tx_id,
@@ -282,9 +507,8 @@ pub fn allocated_event(
         nonce,
         to: p.to.clone(),
         value: p.value.clone(),
-        data: hex::decode(p.data.trim_start_matches("0x"))
-            .map_err(|_| "recorded data is not hex".to_string())?,
-        gas_limit: p.gas_limit.unwrap_or(21_000) as i64,
+        data,
+        gas_limit,
         max_fee_per_gas: p.max_fee_per_gas.clone().unwrap_or_default(),
         max_priority_fee_per_gas: p.max_priority_fee_per_gas.clone().unwrap_or_default(),
         fencing_token,
@@ -297,7 +521,7 @@ pub fn noop_payload(signer: &Signer, fees: (u128, u128)) -> TxPayload {
         to: signer.as_str().to_string(),
         value: "0".into(),
         data: "0x".into(),
-        gas_limit: Some(21_000),
+        gas_limit: Some(TRANSFER_GAS),
         max_fee_per_gas: Some(fees.0.to_string()),
         max_priority_fee_per_gas: Some(fees.1.to_string()),
     }
@@ -512,14 +736,38 @@ mod tests {
                 },
             ),
             (
-                "cannot pay: hold",
+                "cannot pay: held (alone or with the signer, signer_funds decides)",
                 payload(TO, "5"),
                 Ok(Simulation::InsufficientFunds {
                     reason: "insufficient funds".into(),
                 }),
-                AfterSimulation::Hold {
+                AfterSimulation::CannotPay {
                     reason: "insufficient funds".into(),
                 },
+            ),
+            (
+                "a node's absurd estimate: failed with its reason, never wrapped",
+                payload(TO, "5"),
+                ok(u64::MAX),
+                AfterSimulation::Fail {
+                    code: FailureCode::SimulationFailed,
+                    reason: format!(
+                        "the node's gas estimate {} is above the gas limit cap of 30000000",
+                        u64::MAX
+                    ),
+                },
+            ),
+            (
+                "an estimate whose 20% would pass the cap: capped",
+                payload(TO, "5"),
+                ok(29_000_000),
+                AfterSimulation::Simulated(with_gas(payload(TO, "5"), 30_000_000)),
+            ),
+            (
+                "an estimate of zero: at least a transfer's gas",
+                payload(TO, "5"),
+                ok(0),
+                AfterSimulation::Simulated(with_gas(payload(TO, "5"), 21_000)),
             ),
             (
                 "node unavailable: retry",
@@ -708,6 +956,274 @@ mod tests {
         assert_eq!(
             (e.nonce, e.data.clone(), e.gas_limit),
             (4, vec![0x74, 0x78], 21_000)
+        );
+    }
+
+    #[test]
+    fn gas_limits_from_the_node_are_checked_and_capped() {
+        let cap = 30_000_000;
+        type Case = (&'static str, Option<u64>, u64, Result<u64, OutOfRange>);
+        let cases: [Case; 7] = [
+            ("estimate + 20%", None, 100_000, Ok(120_000)),
+            ("requested limit kept", Some(50_000), u64::MAX, Ok(50_000)),
+            ("floor", None, 0, Ok(21_000)),
+            ("at the cap", None, cap, Ok(cap)),
+            ("20% over the cap: capped", None, cap - 1, Ok(cap)),
+            (
+                "above the cap",
+                None,
+                cap + 1,
+                Err(OutOfRange::GasEstimate {
+                    estimate: cap + 1,
+                    cap,
+                }),
+            ),
+            (
+                "u64::MAX (would overflow + 20%)",
+                None,
+                u64::MAX,
+                Err(OutOfRange::GasEstimate {
+                    estimate: u64::MAX,
+                    cap,
+                }),
+            ),
+        ];
+        for (name, requested, estimate, want) in cases {
+            assert_eq!(gas_limit(requested, estimate), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn numbers_from_the_node_that_cannot_be_represented_are_typed_errors() {
+        assert_eq!(chain_nonce(7), Ok(7));
+        assert_eq!(chain_nonce(i64::MAX as u64), Ok(i64::MAX));
+        assert_eq!(chain_nonce(u64::MAX), Err(OutOfRange::ChainNonce(u64::MAX)));
+        assert_eq!(allocation_count(3), Ok(3));
+        assert_eq!(
+            allocation_count(usize::MAX),
+            Err(OutOfRange::Count(usize::MAX))
+        );
+        type Case = (&'static str, i64, u32);
+        let noops: [Case; 4] = [
+            ("none", 0, 0),
+            ("some", 3, 3),
+            ("never negative", -1, 0),
+            ("capped per drive", i64::MAX, MAX_NOOPS_PER_DRIVE),
+        ];
+        for (name, released, want) in noops {
+            assert_eq!(noops_to_fill(released), want, "{name}");
+        }
+        assert_eq!(max_cost(21_000, 2, U256::from(5)), Ok(U256::from(42_005)));
+        assert_eq!(
+            max_cost(u64::MAX, u128::MAX, U256::ZERO),
+            Ok(U256::from(u64::MAX) * U256::from(u128::MAX))
+        );
+        assert_eq!(
+            max_cost(1, 1, U256::MAX),
+            Err(OutOfRange::MaxCost {
+                gas_limit: 1,
+                max_fee_per_gas: 1,
+                value: U256::MAX
+            })
+        );
+        // The funds probe's value: the gas of a transfer at the fee, at least 1 wei, even at the
+        // largest fee a node could name.
+        assert_eq!(funds_probe_value(2), U256::from(42_000));
+        assert_eq!(funds_probe_value(0), U256::from(1));
+        assert_eq!(
+            funds_probe_value(u128::MAX),
+            U256::from(21_000) * U256::from(u128::MAX)
+        );
+    }
+
+    #[test]
+    fn an_allocation_checks_the_recorded_numbers() {
+        let s = Signer::parse(TO).expect("signer");
+        let event =
+            |p: &TxPayload| allocated_event("e".into(), "t".into(), "r".into(), 1, &s, 4, p, 3);
+        let fine = TxPayload {
+            gas_limit: Some(21_000),
+            max_fee_per_gas: Some("9".into()),
+            max_priority_fee_per_gas: Some("2".into()),
+            ..payload(TO, "5")
+        };
+        type Change = fn(&mut TxPayload);
+        let cases: [(&str, Change, Option<AllocationError>); 7] = [
+            ("as recorded", |_| {}, None),
+            (
+                "a gas limit beyond a long",
+                |p| p.gas_limit = Some(u64::MAX),
+                Some(AllocationError::OutOfRange(OutOfRange::GasLimit(u64::MAX))),
+            ),
+            (
+                "a maximum cost beyond 256 bits",
+                |p| p.value = U256::MAX.to_string(),
+                Some(AllocationError::OutOfRange(OutOfRange::MaxCost {
+                    gas_limit: 21_000,
+                    max_fee_per_gas: 9,
+                    value: U256::MAX,
+                })),
+            ),
+            (
+                "a value that is no number",
+                |p| p.value = "lots".into(),
+                Some(AllocationError::Corrupt("value")),
+            ),
+            (
+                "a fee beyond u128",
+                |p| p.max_fee_per_gas = Some(U256::MAX.to_string()),
+                Some(AllocationError::Corrupt("max_fee_per_gas")),
+            ),
+            (
+                "a tip that is no number",
+                |p| p.max_priority_fee_per_gas = Some("-1".into()),
+                Some(AllocationError::Corrupt("max_priority_fee_per_gas")),
+            ),
+            (
+                "data that is not hex",
+                |p| p.data = "0xzz".into(),
+                Some(AllocationError::Corrupt("data")),
+            ),
+        ];
+        for (name, change, want) in cases {
+            let mut p = fine.clone();
+            change(&mut p);
+            assert_eq!(event(&p).err(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_signer_is_held_only_when_it_can_pay_for_none_of_its_requests() {
+        let cannot = || AfterSimulation::CannotPay {
+            reason: "insufficient funds for transfer".into(),
+        };
+        let fine = AfterSimulation::Simulated(payload(TO, "1"));
+        let short = |reason: &str| {
+            Ok(Simulation::InsufficientFunds {
+                reason: reason.into(),
+            })
+        };
+        let err = |transient| {
+            Err(SimError {
+                transient,
+                message: "probe: boom".into(),
+            })
+        };
+        type Case = (
+            &'static str,
+            Vec<AfterSimulation>,
+            Option<SimResult>,
+            SignerFunds,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "nothing short",
+                vec![fine.clone()],
+                None,
+                SignerFunds::Enough,
+            ),
+            ("no request at all", vec![], None, SignerFunds::Enough),
+            (
+                "one short among payable ones, the probe passes: that one alone",
+                vec![fine.clone(), cannot(), fine.clone()],
+                Some(Ok(Simulation::Ok { gas: 21_000 })),
+                SignerFunds::HoldRequests,
+            ),
+            (
+                "every one short but gas is payable: each alone (their values are the problem)",
+                vec![cannot(), cannot()],
+                Some(Ok(Simulation::Ok { gas: 21_000 })),
+                SignerFunds::HoldRequests,
+            ),
+            (
+                "the probe reverted: it ran, so gas is payable",
+                vec![cannot()],
+                Some(Ok(Simulation::Reverts {
+                    reason: "execution reverted".into(),
+                })),
+                SignerFunds::HoldRequests,
+            ),
+            (
+                "a node error on the probe says nothing about funds: requests alone",
+                vec![cannot()],
+                Some(err(false)),
+                SignerFunds::HoldRequests,
+            ),
+            (
+                "the balance cannot pay a transfer's gas: the signer",
+                vec![cannot(), cannot(), cannot()],
+                Some(short("Insufficient funds for gas * price + value")),
+                SignerFunds::HoldSigner {
+                    reason: "the balance cannot pay the gas of a plain transfer: \
+                             Insufficient funds for gas * price + value"
+                        .into(),
+                },
+            ),
+            (
+                "the balance cannot pay gas even though others simulated: the signer",
+                vec![fine.clone(), cannot()],
+                Some(short("insufficient funds")),
+                SignerFunds::HoldSigner {
+                    reason:
+                        "the balance cannot pay the gas of a plain transfer: insufficient funds"
+                            .into(),
+                },
+            ),
+            (
+                "short and no probe made: the signer (nothing shows it can pay)",
+                vec![cannot()],
+                None,
+                SignerFunds::HoldSigner {
+                    reason: "insufficient funds for transfer".into(),
+                },
+            ),
+            (
+                "the probe's node unavailable: the drive again later",
+                vec![cannot()],
+                Some(err(true)),
+                SignerFunds::Retry {
+                    reason: "probe: boom".into(),
+                },
+            ),
+        ];
+        for (name, decisions, probe, want) in cases {
+            assert_eq!(
+                needs_funds_probe(&decisions),
+                decisions.contains(&cannot()),
+                "{name}"
+            );
+            assert_eq!(signer_funds(&decisions, probe.as_ref()), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_request_held_alone_backs_off_doubling_up_to_the_maximum() {
+        let b = HoldBackoff::DEFAULT;
+        let secs = Duration::from_secs;
+        let cases: [(i32, Duration); 9] = [
+            (i32::MIN, secs(10)),
+            (0, secs(10)),
+            (1, secs(10)),
+            (2, secs(20)),
+            (3, secs(40)),
+            (4, secs(80)),
+            (5, secs(120)),
+            (40, secs(120)),
+            (i32::MAX, secs(120)),
+        ];
+        for (attempts, want) in cases {
+            assert_eq!(b.after(attempts), want, "after {attempts} holds");
+        }
+        assert_eq!(b.after_ms(2), 20_000);
+        let huge = HoldBackoff {
+            first: Duration::MAX,
+            max: Duration::MAX,
+        };
+        assert_eq!(huge.after(3), Duration::MAX, "no overflow");
+        assert_eq!(huge.after_ms(3), i64::MAX);
+        assert!(
+            request_hold_reason("insufficient funds")
+                .ends_with("cannot pay for this request now: insufficient funds")
         );
     }
 

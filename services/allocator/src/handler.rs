@@ -3,15 +3,18 @@
 //!
 //! - [`RequestStage`] (`tx.requests`): `handle` validates and records RECEIVED, idempotent on
 //!   (chain, signer, request_id); `drive` simulates (RECEIVED → SIMULATED / PENDING_APPROVAL /
-//!   FAILED, or the signer held), allocates nonces (SIMULATED / REPLACED → ALLOCATED) and fills
-//!   released nonces nobody took with no-ops. External calls run outside any transaction.
+//!   FAILED; a request the signer cannot pay for stays RECEIVED, held alone with its reason and
+//!   a back-off while the signer can pay for others, or with the whole signer held when it can
+//!   pay for none), allocates nonces (SIMULATED / REPLACED → ALLOCATED; a transaction that cannot
+//!   be allocated as recorded fails alone) and fills released nonces nobody took with no-ops.
+//!   External calls run outside any transaction.
 //! - [`CommandStage`] (`tx.commands`): APPROVE and CANCEL, compare-and-sets on the state of a
 //!   transaction of the command's signer; a command naming a transaction that is not the
 //!   signer's (`TX_NOT_OF_SIGNER`) or no transaction (`UNKNOWN_TX`) is dead-lettered.
 
 use std::sync::Arc;
 
-use alloy::primitives::Address;
+use alloy::primitives::{Address, Bytes, U256};
 use sqlx::PgPool;
 use txflow_core::chain::{ChainClient, Simulation};
 use txflow_core::codec::Subjects;
@@ -265,12 +268,26 @@ fn signer_address(lease: &HeldLease) -> Result<Address, HandlerError> {
 }
 
 impl RequestStage {
-    /// RECEIVED → SIMULATED / PENDING_APPROVAL / FAILED; a signer that cannot pay is held.
+    /// RECEIVED → SIMULATED / PENDING_APPROVAL / FAILED. A request the signer cannot pay for
+    /// stays RECEIVED: held alone (its reason on its row, simulated again after a back-off) when
+    /// the signer can pay for others, or with the whole signer held when it can pay for none
+    /// ([`decide::signer_funds`]). Requests held alone are not simulated before their
+    /// `hold_retry_at`.
     async fn simulate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
         let lease = ctx.lease;
         let rows = store::rows(ctx.pool, lease.key(), &[TxState::Received])
             .await
             .map_err(|e| HandlerError::classified("list received", e))?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let holds = store::request_holds(ctx.pool, lease.key())
+            .await
+            .map_err(|e| HandlerError::transient("request holds", e))?;
+        let rows: Vec<TxRow> = rows
+            .into_iter()
+            .filter(|r| !holds.iter().any(|h| h.tx_id == r.tx_id && h.waiting))
+            .collect();
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -285,15 +302,7 @@ impl RequestStage {
                 else {
                     return None;
                 };
-                Some(
-                    self.chain
-                        .simulate(from, to, value, data)
-                        .await
-                        .map_err(|e| SimError {
-                            transient: e.is_transient(),
-                            message: e.to_string(),
-                        }),
-                )
+                Some(self.simulation(from, to, value, data).await)
             });
             sims.extend(futures::future::join_all(calls).await);
         }
@@ -312,17 +321,6 @@ impl RequestStage {
                 },
             })
             .collect();
-        // A signer that cannot pay is held: its requests wait in RECEIVED (the recovery scan
-        // simulates them again), none fails, and the hold is the alert.
-        if let Some(reason) = decisions.iter().find_map(|d| match d {
-            AfterSimulation::Hold { reason } => Some(reason.clone()),
-            _ => None,
-        }) {
-            txflow_core::holds::hold(ctx.pool, lease.key(), &reason)
-                .await
-                .map_err(|e| HandlerError::transient("hold", e))?;
-            return Ok(Vec::new());
-        }
         if let Some(reason) = decisions.iter().find_map(|d| match d {
             AfterSimulation::Retry { reason } => Some(reason.clone()),
             _ => None,
@@ -332,13 +330,44 @@ impl RequestStage {
                 std::io::Error::other(reason),
             ));
         }
+        // Some request cannot be paid: can the signer pay for anything (the gas of a plain
+        // transfer)? One more call, outside any transaction.
+        let probe = if decide::needs_funds_probe(&decisions) {
+            let (max_fee, _) = self
+                .chain
+                .fees()
+                .await
+                .map_err(|e| HandlerError::classified("fees", e))?;
+            let value = decide::funds_probe_value(max_fee);
+            let data = Bytes::from_static(&decide::FUNDS_PROBE_DATA);
+            Some(self.simulation(from, from, value, data).await)
+        } else {
+            None
+        };
+        match decide::signer_funds(&decisions, probe.as_ref()) {
+            // A signer that can pay for none of its requests is held: they all wait in RECEIVED
+            // (the recovery scan simulates them again), none fails, and the hold is the alert.
+            decide::SignerFunds::HoldSigner { reason } => {
+                txflow_core::holds::hold(ctx.pool, lease.key(), &reason)
+                    .await
+                    .map_err(|e| HandlerError::transient("hold", e))?;
+                return Ok(Vec::new());
+            }
+            decide::SignerFunds::Retry { reason } => {
+                return Err(HandlerError::transient(
+                    "eth_estimateGas (funds probe)",
+                    std::io::Error::other(reason),
+                ));
+            }
+            decide::SignerFunds::Enough | decide::SignerFunds::HoldRequests => {}
+        }
         txflow_core::holds::resume(ctx.pool, lease.key())
             .await
             .map_err(|e| HandlerError::transient("resume", e))?;
 
         let token = lease.token().0;
-        let (mut simulated, mut waiting, mut failing, mut failed) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut simulated, mut waiting, mut failing, mut failed, mut held) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (row, d) in rows.iter().zip(&decisions) {
             match d {
                 AfterSimulation::Simulated(p) | AfterSimulation::AwaitApproval(p) => {
@@ -359,7 +388,24 @@ impl RequestStage {
                     failing.push(m);
                     failed.push(f);
                 }
-                AfterSimulation::Hold { .. } | AfterSimulation::Retry { .. } => {}
+                AfterSimulation::CannotPay { reason } => {
+                    let attempts = holds
+                        .iter()
+                        .find(|h| h.tx_id == row.tx_id)
+                        .map_or(0, |h| h.attempts)
+                        .saturating_add(1);
+                    let reason = truncate_reason(&decide::request_hold_reason(reason));
+                    tracing::warn!(
+                        signer = %lease.key().signer, tx_id = %row.tx_id, request_id = %row.request_id,
+                        attempts, reason, "request held: the signer cannot pay for it now; its other requests go on"
+                    );
+                    held.push(store::RequestHold {
+                        tx_id: row.tx_id,
+                        reason,
+                        retry_after_ms: decide::HoldBackoff::DEFAULT.after_ms(attempts),
+                    });
+                }
+                AfterSimulation::Retry { .. } => {}
             }
         }
         let key = self.key(lease);
@@ -368,17 +414,40 @@ impl RequestStage {
         // A request that needs approval waits without a nonce, so it blocks nobody.
         store::await_approval(&mut tx.writer(), &waiting).await?;
         store::simulated(&mut tx.writer(), &simulated).await?;
+        // A request that cannot be paid waits without a nonce too, so it blocks nobody either.
+        store::hold_requests(&mut tx.writer(), &held).await?;
         tx.commit().await?;
         Ok(self.failures(&key, failed, &landed))
     }
 
-    /// SIMULATED / REPLACED → ALLOCATED: nonces from the fenced cursor, in request order.
+    /// One `eth_estimateGas`, as the allocator's decisions see it.
+    async fn simulation(
+        &self,
+        from: Address,
+        to: Address,
+        value: U256,
+        data: Bytes,
+    ) -> decide::SimResult {
+        self.chain
+            .simulate(from, to, value, data)
+            .await
+            .map_err(|e| SimError {
+                transient: e.is_transient(),
+                message: e.to_string(),
+            })
+    }
+
+    /// SIMULATED / REPLACED → ALLOCATED: nonces from the fenced cursor, in request order. A
+    /// SIMULATED transaction that cannot be allocated as recorded (its payload does not parse,
+    /// or its numbers cannot be represented) fails alone with the reason, before any nonce is
+    /// taken for it; the signer's others are allocated.
     async fn allocate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
         let lease = ctx.lease;
-        let rows = store::rows(
+        let rows = store::rows_limited(
             ctx.pool,
             lease.key(),
             &[TxState::Simulated, TxState::Replaced],
+            decide::MAX_ALLOCATIONS_PER_DRIVE,
         )
         .await
         .map_err(|e| HandlerError::classified("list allocatable", e))?;
@@ -399,15 +468,19 @@ impl RequestStage {
                 .pending_nonce(signer_address(lease)?)
                 .await
                 .map_err(|e| HandlerError::classified("pending nonce", e))?;
-            Some(n)
+            Some(
+                decide::chain_nonce(n)
+                    .map_err(|e| HandlerError::fail("NONCE_OUT_OF_RANGE", e.to_string()))?,
+            )
         } else {
             None
         };
-        let payloads: Vec<TxPayload> = rows
+        let parsed: Vec<Result<TxPayload, String>> = rows.iter().map(parse_payload).collect();
+        let open: Vec<TxPayload> = parsed
             .iter()
-            .map(|r| parse_payload(r).map_err(|why| HandlerError::fail("CORRUPT_ROW", why)))
-            .collect::<Result<_, _>>()?;
-        let fees = if decide::needs_fees(&payloads) {
+            .filter_map(|p| p.as_ref().ok().cloned())
+            .collect();
+        let fees = if decide::needs_fees(&open) {
             Some(
                 self.chain
                     .fees()
@@ -417,29 +490,63 @@ impl RequestStage {
         } else {
             None
         };
+        let signer = &lease.key().signer;
+        let chain_id = lease.key().chain_id.0;
+        let token = lease.token().0;
+        // What each row would be allocated as; checked before any nonce is taken.
+        let (mut ready, mut failing, mut failed) = (Vec::new(), Vec::new(), Vec::new());
+        for (row, p) in rows.iter().zip(parsed) {
+            let checked = p.and_then(|p| {
+                let p = decide::with_fees(p, fees);
+                decide::allocatable(&p)
+                    .map(|_| p)
+                    .map_err(|e| e.to_string())
+            });
+            match (checked, row.state) {
+                (Ok(p), _) => ready.push((row, p)),
+                (Err(why), TxState::Simulated) => {
+                    let reason = format!("cannot be allocated: {why}");
+                    tracing::error!(signer = %signer, tx_id = %row.tx_id, reason, "transaction failed alone");
+                    let (m, f) =
+                        fail_row(lease, row, FailureCode::SimulationFailed, &reason, None)?;
+                    failing.push(m);
+                    failed.push(f);
+                }
+                // A REPLACED transaction cannot move to FAILED (the transition table has no such
+                // move): it stays, reported, and blocks nobody (the others are allocated).
+                (Err(why), _) => {
+                    tracing::error!(signer = %signer, tx_id = %row.tx_id, why, "replaced transaction cannot be re-allocated as recorded");
+                }
+            }
+        }
 
         let key = self.key(lease);
         let mut tx = lease.begin(ctx.pool).await?;
-        if let Some(n) = chain_nonce {
-            tx.align_cursor(i64::try_from(n).unwrap_or(i64::MAX))
-                .await?;
+        let landed = store::fail_unallocated(&mut tx.writer(), &failing).await?;
+        let mut outputs = self.failures(&key, failed, &landed);
+        if ready.is_empty() {
+            tx.commit().await?;
+            return Ok(outputs);
         }
-        let nonces = tx.allocate_nonces(rows.len() as u32).await?;
-        let mut moves = Vec::with_capacity(rows.len());
-        let mut outputs = Vec::with_capacity(rows.len());
-        for ((row, p), nonce) in rows.iter().zip(payloads).zip(nonces) {
-            let p = decide::with_fees(p, fees);
+        if let Some(n) = chain_nonce {
+            tx.align_cursor(n).await?;
+        }
+        let count = decide::allocation_count(ready.len())
+            .map_err(|e| HandlerError::fail("OUT_OF_RANGE", e.to_string()))?;
+        let nonces = tx.allocate_nonces(count).await?;
+        let mut moves = Vec::with_capacity(ready.len());
+        for ((row, p), nonce) in ready.into_iter().zip(nonces) {
             let allocated: TxAllocated = decide::allocated_event(
                 new_event_id(),
                 row.tx_id.to_string(),
                 row.request_id.clone(),
-                lease.key().chain_id.0,
-                &lease.key().signer,
+                chain_id,
+                signer,
                 nonce,
                 &p,
-                lease.token().0,
+                token,
             )
-            .map_err(|why| HandlerError::fail("CORRUPT_ROW", why))?;
+            .map_err(|why| HandlerError::fail("CORRUPT_ROW", why.to_string()))?;
             let mut m = MoveRow::new(row.tx_id, event_uuid(&allocated)?, json(&allocated)?);
             m.nonce = Some(nonce);
             m.payload = Some(json(&p)?);
@@ -465,7 +572,7 @@ impl RequestStage {
         let released = store::released_nonces(ctx.pool, lease.key())
             .await
             .map_err(|e| HandlerError::transient("released nonces", e))?;
-        if released == 0 {
+        if decide::noops_to_fill(released) == 0 {
             return Ok(Vec::new());
         }
         let fees = self
@@ -476,9 +583,7 @@ impl RequestStage {
         let signer = &lease.key().signer;
         let key = self.key(lease);
         let mut tx = lease.begin(ctx.pool).await?;
-        let nonces = tx
-            .allocate_nonces(u32::try_from(released).unwrap_or(u32::MAX))
-            .await?;
+        let nonces = tx.allocate_nonces(decide::noops_to_fill(released)).await?;
         let mut rows = Vec::with_capacity(nonces.len());
         let mut outputs = Vec::with_capacity(nonces.len());
         for nonce in nonces {
@@ -495,7 +600,7 @@ impl RequestStage {
                 &payload,
                 lease.token().0,
             )
-            .map_err(|why| HandlerError::fail("CORRUPT_ROW", why))?;
+            .map_err(|why| HandlerError::fail("CORRUPT_ROW", why.to_string()))?;
             rows.push(NewTx {
                 tx_id,
                 request_id,

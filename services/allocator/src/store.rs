@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use txflow_core::domain::{ChainId, Signer};
-use txflow_core::fenced::{FenceError, Fenced};
+use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced};
 use txflow_core::lease::LeaseKey;
 use txflow_core::state::{
     self, ALLOCATE, APPROVE, AWAIT_APPROVAL, FAIL_ALLOCATED, FAIL_UNALLOCATED, SIMULATE, TxState,
@@ -50,25 +50,141 @@ pub async fn recorded_requests(
     .await
 }
 
-/// RECEIVED → SIMULATED.
+/// RECEIVED → SIMULATED (a hold of the request, if it had one, cleared).
 pub async fn simulated(w: &mut Fenced<'_>, rows: &[MoveRow]) -> Result<Vec<Landed>, FenceError> {
-    txstore::apply(w, SIMULATE, rows).await
+    let landed = txstore::apply(w, SIMULATE, rows).await?;
+    clear_request_holds(w, &landed).await?;
+    Ok(landed)
 }
 
-/// RECEIVED → PENDING_APPROVAL.
+/// RECEIVED → PENDING_APPROVAL (a hold of the request, if it had one, cleared).
 pub async fn await_approval(
     w: &mut Fenced<'_>,
     rows: &[MoveRow],
 ) -> Result<Vec<Landed>, FenceError> {
-    txstore::apply(w, AWAIT_APPROVAL, rows).await
+    let landed = txstore::apply(w, AWAIT_APPROVAL, rows).await?;
+    clear_request_holds(w, &landed).await?;
+    Ok(landed)
 }
 
-/// RECEIVED / SIMULATED / PENDING_APPROVAL → FAILED (no nonce held).
+/// RECEIVED / SIMULATED / PENDING_APPROVAL → FAILED (no nonce held; a hold of the request, if
+/// it had one, cleared).
 pub async fn fail_unallocated(
     w: &mut Fenced<'_>,
     rows: &[MoveRow],
 ) -> Result<Vec<Landed>, FenceError> {
-    txstore::apply(w, FAIL_UNALLOCATED, rows).await
+    let landed = txstore::apply(w, FAIL_UNALLOCATED, rows).await?;
+    clear_request_holds(w, &landed).await?;
+    Ok(landed)
+}
+
+/// A request held alone (the signer cannot pay for it now, but for others): it stays RECEIVED,
+/// without a nonce, and is not simulated again for `retry_after_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHold {
+    pub tx_id: Uuid,
+    /// `managed_tx.hold_reason`: what operators read.
+    pub reason: String,
+    pub retry_after_ms: i64,
+}
+
+/// Records holds on RECEIVED requests, in one fenced statement: the reason, the first hold's
+/// time (kept), one more attempt, and when to simulate again (the database clock). Returns the
+/// ids held; a request no longer RECEIVED is left as it is.
+pub async fn hold_requests(
+    w: &mut Fenced<'_>,
+    holds: &[RequestHold],
+) -> Result<Vec<Uuid>, FenceError> {
+    if holds.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = holds.iter().map(|h| h.tx_id).collect();
+    let reasons: Vec<&str> = holds.iter().map(|h| h.reason.as_str()).collect();
+    let waits: Vec<i64> = holds.iter().map(|h| h.retry_after_ms.max(0)).collect();
+    let sql = format!(
+        "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
+         u AS (SELECT * FROM unnest($6::uuid[], $7::text[], $8::bigint[]) AS u(tx_id, reason, wait_ms)),
+         held AS (
+             UPDATE managed_tx m SET
+                 hold_reason = u.reason,
+                 held_since = coalesce(m.held_since, clock_timestamp()),
+                 hold_attempts = least(m.hold_attempts, 2147483646) + 1,
+                 hold_retry_at = clock_timestamp() + u.wait_ms * interval '1 millisecond',
+                 updated_at = now()
+             FROM u
+             WHERE m.tx_id = u.tx_id AND m.chain_id = $2 AND m.signer = $3 AND m.state = $9
+               AND EXISTS (SELECT 1 FROM fence_ok)
+             RETURNING m.tx_id)
+         SELECT tx_id FROM held UNION ALL SELECT NULL FROM fence_ok"
+    );
+    let out: Vec<(Option<Uuid>,)> = w
+        .fetch_all("hold requests", &sql, |q| {
+            q.bind(ids)
+                .bind(reasons)
+                .bind(waits)
+                .bind(TxState::Received.as_str())
+        })
+        .await?;
+    fenced_or_ids(w, "hold requests", out)
+}
+
+/// Clears the holds of requests that left RECEIVED (their reason no longer applies). The
+/// attempt count stays as the request's history.
+async fn clear_request_holds(w: &mut Fenced<'_>, landed: &[Landed]) -> Result<(), FenceError> {
+    if landed.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = landed.iter().map(|l| l.tx_id).collect();
+    let sql = format!(
+        "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
+         cleared AS (
+             UPDATE managed_tx m SET hold_reason = NULL, held_since = NULL, hold_retry_at = NULL
+             WHERE m.tx_id = ANY($6) AND m.chain_id = $2 AND m.signer = $3
+               AND m.hold_reason IS NOT NULL AND EXISTS (SELECT 1 FROM fence_ok)
+             RETURNING m.tx_id)
+         SELECT tx_id FROM cleared UNION ALL SELECT NULL FROM fence_ok"
+    );
+    let out: Vec<(Option<Uuid>,)> = w
+        .fetch_all("clear request holds", &sql, |q| q.bind(ids))
+        .await?;
+    fenced_or_ids(w, "clear request holds", out).map(|_| ())
+}
+
+/// The ids a statement returned, or `Fenced` when its `fence_ok` sentinel (a NULL row) is
+/// missing.
+fn fenced_or_ids(
+    w: &Fenced<'_>,
+    operation: &'static str,
+    out: Vec<(Option<Uuid>,)>,
+) -> Result<Vec<Uuid>, FenceError> {
+    let fence_ok = out.iter().any(|(id,)| id.is_none());
+    if !fence_ok {
+        return Err(w.fenced(operation));
+    }
+    Ok(out.into_iter().filter_map(|(id,)| id).collect())
+}
+
+/// A RECEIVED request of the signer that is held alone.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct HeldRequest {
+    pub tx_id: Uuid,
+    pub attempts: i32,
+    /// Its back-off has not run out: not simulated in this drive.
+    pub waiting: bool,
+}
+
+/// The signer's requests held alone (RECEIVED with a hold), by the database clock.
+pub async fn request_holds(pool: &PgPool, key: &LeaseKey) -> Result<Vec<HeldRequest>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT tx_id, hold_attempts AS attempts, hold_retry_at > clock_timestamp() AS waiting
+         FROM managed_tx
+         WHERE chain_id = $1 AND signer = $2 AND state = $3 AND hold_reason IS NOT NULL",
+    )
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(TxState::Received.as_str())
+    .fetch_all(pool)
+    .await
 }
 
 /// PENDING_APPROVAL → SIMULATED, the approver recorded.
@@ -150,6 +266,16 @@ pub async fn rows(
     states: &[TxState],
 ) -> Result<Vec<TxRow>, ReadError> {
     txstore::rows_in_states(pool, key.chain_id, &key.signer, states, false, i64::MAX).await
+}
+
+/// The signer's transactions in `states`, oldest first, at most `limit`.
+pub async fn rows_limited(
+    pool: &PgPool,
+    key: &LeaseKey,
+    states: &[TxState],
+    limit: i64,
+) -> Result<Vec<TxRow>, ReadError> {
+    txstore::rows_in_states(pool, key.chain_id, &key.signer, states, false, limit).await
 }
 
 /// Whether the signer has a REPLACED transaction (its cursor is behind the chain).

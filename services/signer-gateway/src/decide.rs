@@ -173,15 +173,25 @@ pub fn refusal(policy: &Policy, row: &TxRow, signer: &Signer, tx: &UnsignedTx) -
     }
 }
 
+/// The highest gas limit signed: the allocator's cap (a block's gas; the allocator never records
+/// more, requested or estimated). A recorded limit above it could never be mined.
+pub const MAX_GAS_LIMIT: u64 = 30_000_000;
+
 /// The transaction to sign from the recorded payload, or the name of the field that is not valid.
+/// Its numbers came from the node (gas estimate, fees) and are checked: a gas limit of 0 or above
+/// [`MAX_GAS_LIMIT`] is `"gas_limit"`, and a maximum cost (`gas_limit × max_fee_per_gas + value`)
+/// that does not fit 256 bits is `"maximum cost"`.
 pub fn unsigned_tx(chain_id: i64, nonce: i64, p: &TxPayload) -> Result<UnsignedTx, &'static str> {
-    Ok(UnsignedTx {
+    let tx = UnsignedTx {
         chain_id: u64::try_from(chain_id).map_err(|_| "chain id")?,
         nonce: u64::try_from(nonce).map_err(|_| "nonce")?,
         to: p.to.parse::<Address>().map_err(|_| "to")?,
         value: U256::from_str_radix(&p.value, 10).map_err(|_| "value")?,
         data: Bytes::from(hex::decode(p.data.trim_start_matches("0x")).map_err(|_| "data")?),
-        gas_limit: p.gas_limit.ok_or("gas_limit")?,
+        gas_limit: p
+            .gas_limit
+            .filter(|g| (1..=MAX_GAS_LIMIT).contains(g))
+            .ok_or("gas_limit")?,
         max_fee_per_gas: p
             .max_fee_per_gas
             .as_deref()
@@ -194,7 +204,17 @@ pub fn unsigned_tx(chain_id: i64, nonce: i64, p: &TxPayload) -> Result<UnsignedT
             .ok_or("max_priority_fee_per_gas")?
             .parse()
             .map_err(|_| "max_priority_fee_per_gas")?,
-    })
+    };
+    max_cost(&tx).ok_or("maximum cost")?;
+    Ok(tx)
+}
+
+/// The most `tx` can cost its signer, `gas_limit × max_fee_per_gas + value`; `None` when it does
+/// not fit 256 bits.
+pub fn max_cost(tx: &UnsignedTx) -> Option<U256> {
+    U256::from(tx.gas_limit)
+        .checked_mul(U256::from(tx.max_fee_per_gas))?
+        .checked_add(tx.value)
 }
 
 /// The first field in which the event disagrees with the recorded transaction.
@@ -221,8 +241,10 @@ pub fn mismatch(a: &TxAllocated, nonce: Option<i64>, p: &TxPayload) -> Option<&'
 
 /// The attempt number of a new signature: 1, or the next one after the transaction's highest
 /// recorded attempt (a transaction re-allocated after REPLACED).
+/// Never overflows: at `i32::MAX` it stays there, and the attempt row (unique per transaction and
+/// number) is then refused by the database rather than wrapping to a negative number.
 pub fn next_attempt(highest: Option<i32>) -> i32 {
-    highest.unwrap_or(0) + 1
+    highest.unwrap_or(0).max(0).saturating_add(1)
 }
 
 /// The TxSigned to re-announce among the stored ones: the latest attempt's.
@@ -651,8 +673,76 @@ mod tests {
     }
 
     #[test]
+    fn numbers_from_the_node_are_checked_before_signing() {
+        type Change = fn(&mut TxPayload);
+        let cases: [(&str, Change, Result<U256, &str>); 7] = [
+            (
+                "as recorded",
+                |_| {},
+                Ok(U256::from(25_000u64 * 2_000_000_000 + 5)),
+            ),
+            (
+                "a gas limit of 0",
+                |p| p.gas_limit = Some(0),
+                Err("gas_limit"),
+            ),
+            (
+                "a gas limit above the cap",
+                |p| p.gas_limit = Some(MAX_GAS_LIMIT + 1),
+                Err("gas_limit"),
+            ),
+            (
+                "a gas limit of u64::MAX",
+                |p| p.gas_limit = Some(u64::MAX),
+                Err("gas_limit"),
+            ),
+            (
+                "the largest gas and fee: fits 256 bits",
+                |p| {
+                    p.gas_limit = Some(MAX_GAS_LIMIT);
+                    p.max_fee_per_gas = Some(u128::MAX.to_string());
+                },
+                Ok(U256::from(MAX_GAS_LIMIT) * U256::from(u128::MAX) + U256::from(5)),
+            ),
+            (
+                "a value at U256::MAX plus gas: overflows",
+                |p| p.value = U256::MAX.to_string(),
+                Err("maximum cost"),
+            ),
+            (
+                "a fee beyond u128",
+                |p| p.max_fee_per_gas = Some(U256::MAX.to_string()),
+                Err("max_fee_per_gas"),
+            ),
+        ];
+        for (name, change, want) in cases {
+            let mut p = payload();
+            change(&mut p);
+            let got = unsigned_tx(31337, 7, &p).map(|tx| max_cost(&tx).expect("checked"));
+            assert_eq!(got, want, "{name}");
+        }
+        // A transaction that cannot be represented fails with the field named, nonce released.
+        let mut c = Case::new();
+        set_payload(&mut c, |p| p.value = U256::MAX.to_string());
+        c.claimed = None;
+        match c.decide(&Signer::parse(SIGNER).expect("signer")) {
+            Decision::Fail { reason, nonce, .. } => {
+                assert_eq!(nonce, 7);
+                assert_eq!(reason, "the recorded maximum cost is not valid");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn attempts_count_from_one_and_the_latest_is_announced_again() {
-        let cases = [(None, 1), (Some(1), 2), (Some(4), 5)];
+        let cases = [
+            (None, 1),
+            (Some(1), 2),
+            (Some(4), 5),
+            (Some(-3), 1),
+            (Some(i32::MAX), i32::MAX),
+        ];
         for (highest, next) in cases {
             assert_eq!(next_attempt(highest), next, "{highest:?}");
         }
