@@ -20,6 +20,9 @@ pub const AFTER_CALL: &str = "stage.after_call";
 pub const AFTER_DRIVE: &str = "stage.after_drive";
 /// The allocator: nonces allocated and written in the fenced transaction, before its commit.
 pub const ALLOCATOR_BEFORE_COMMIT: &str = "allocator.before_commit";
+/// The signer gateway: transactions signed and their rows written in the fenced transaction,
+/// before its commit.
+pub const SIGNER_BEFORE_COMMIT: &str = "signer.before_commit";
 
 #[cfg(all(feature = "fault-injection", debug_assertions))]
 pub fn point(name: &str) {

@@ -288,6 +288,7 @@ impl SignStage {
                 None => Vec::new(),
             }));
         }
+        txflow_core::fault::point(txflow_core::fault::SIGNER_BEFORE_COMMIT);
         Ok(results)
     }
 }

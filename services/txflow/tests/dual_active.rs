@@ -5,85 +5,19 @@
 //! holder of the current fencing token allocates, and every request has exactly one mined
 //! transaction. Checked on the chain and in PostgreSQL.
 
-use std::path::PathBuf;
-use std::process::Stdio;
+mod common;
+
 use std::time::Duration;
 
-use tokio::process::{Child, Command};
+use common::{StageProcess, expire_lease};
 use txflow_tests::pipeline::Pipeline;
 use txflow_tests::{unique, wait_until};
 
 const LONG: Duration = Duration::from_secs(240);
 
-/// A `txflow allocator` process of the test's own, killed on drop; its log kept for failures.
-struct Allocator {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Allocator {
-    fn spawn(p: &Pipeline, name: &str, group_prefix: &str, pause_at: Option<&str>) -> Allocator {
-        let log = std::env::temp_dir().join(format!("{}.log", unique(name)));
-        let file = std::fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_txflow"));
-        cmd.arg("allocator")
-            .envs(p.env())
-            .env("TXFLOW_NODE_NAME", name)
-            .env("TXFLOW_GROUP_PREFIX", group_prefix)
-            // A short lease, so that a frozen owner's session is ended (after twice the lease)
-            // without a long wait.
-            .env("TXFLOW_LEASE_MS", "3000")
-            .env("TXFLOW_LOG", "info,txflow_core=debug")
-            .env_remove("TXFLOW_FAULT")
-            .env_remove("TXFLOW_PAUSE_AT")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true);
-        if let Some(point) = pause_at {
-            cmd.env("TXFLOW_PAUSE_AT", point);
-        }
-        Allocator {
-            child: cmd.spawn().expect("spawn txflow allocator"),
-            log,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id().expect("the allocator is running")
-    }
-
-    /// The process state letter from /proc (`T` when stopped).
-    fn state(&self) -> Option<char> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
-        // pid (comm) STATE ...: the comm may hold spaces, so read after the last ')'.
-        stat.rsplit_once(')')?.1.trim_start().chars().next()
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &self.pid().to_string()])
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill {sig} {}", self.pid());
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
 /// The allocator lease of the signer: `(owner_node, fencing_token)`.
 async fn lease(p: &Pipeline) -> Option<(String, i64)> {
-    sqlx::query_as(
-        "SELECT owner_node, fencing_token FROM signer_lease WHERE role = 'allocator' AND signer = $1",
-    )
-    .bind(p.signer(0))
-    .fetch_optional(&p.db.pool)
-    .await
-    .expect("lease row")
+    common::lease(p, "allocator").await
 }
 
 /// TxAllocated events recorded under `token`.
@@ -107,8 +41,9 @@ async fn only_the_current_lease_holder_allocates_while_two_allocators_act_for_on
 
     // A freezes itself inside its third allocation transaction: nonces taken and rows written,
     // not yet committed.
-    let a = Allocator::spawn(
+    let a = StageProcess::spawn(
         &p,
+        "allocator",
         "alloc-a",
         &unique("group-a"),
         Some("allocator.before_commit@3"),
@@ -146,7 +81,13 @@ async fn only_the_current_lease_holder_allocates_while_two_allocators_act_for_on
             );
             // B acts for the same signer from now on: it sees every request too, in its own
             // consumer group, and wants the lease.
-            b = Some(Allocator::spawn(&p, "alloc-b", &unique("group-b"), None));
+            b = Some(StageProcess::spawn(
+                &p,
+                "allocator",
+                "alloc-b",
+                &unique("group-b"),
+                None,
+            ));
         }
     }
     // The rest arrives while A is frozen.
@@ -165,14 +106,7 @@ async fn only_the_current_lease_holder_allocates_while_two_allocators_act_for_on
     assert!(committed_by_a > 0, "A allocated before it froze");
 
     // Steal the lease from under the frozen owner.
-    sqlx::query(
-        "UPDATE signer_lease SET expires_at = clock_timestamp() - interval '1 millisecond'
-         WHERE role = 'allocator' AND signer = $1",
-    )
-    .bind(p.signer(0))
-    .execute(&p.db.pool)
-    .await
-    .expect("steal the lease");
+    expire_lease(&p, "allocator", token_a).await;
     wait_until("B takes the lease", LONG, || async {
         lease(&p)
             .await
@@ -241,11 +175,7 @@ async fn only_the_current_lease_holder_allocates_while_two_allocators_act_for_on
         "nothing left in anvil's pool"
     );
     let mut a = a;
-    assert!(
-        a.child.try_wait().expect("A's status").is_none(),
-        "A survived being fenced:\n{}",
-        a.log_tail()
-    );
+    assert!(a.running(), "A survived being fenced:\n{}", a.log_tail());
     drop(b);
     p.stop().await;
 }

@@ -1,5 +1,6 @@
 //! Shared by the tests that run `txflow` stage processes: a supervisor that restarts a stage
-//! process whenever it dies, as a deployment's process manager would.
+//! process whenever it dies, as a deployment's process manager would ([`Supervised`]), and a
+//! single stage process that a test pauses and resumes ([`StageProcess`], the dual-active tests).
 
 // Each test binary uses part of it.
 #![allow(dead_code)]
@@ -11,8 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
+use txflow_tests::pipeline::Pipeline;
 use txflow_tests::{unique, wait_until};
 
 const LONG: Duration = Duration::from_secs(600);
@@ -144,4 +146,138 @@ impl Supervised {
             Err(e) => panic!("{} supervisor: {e}", self.role),
         }
     }
+}
+
+/// A `txflow <role>` process of the test's own on `p`, killed on drop; its log kept for failures.
+/// A signer gateway gets the keys of [`Pipeline::signers`].
+pub struct StageProcess {
+    pub child: Child,
+    log: PathBuf,
+}
+
+impl StageProcess {
+    /// `txflow <role>` as node `name` in consumer groups under `group_prefix` (a prefix of its
+    /// own: the process receives every message of its input topic, whatever the others get),
+    /// paused (SIGSTOP, by its own fault point) at `pause_at` if given. A short lease (3 s), so
+    /// that a frozen owner's session is ended (after twice the lease) without a long wait.
+    pub fn spawn(
+        p: &Pipeline,
+        role: &str,
+        name: &str,
+        group_prefix: &str,
+        pause_at: Option<&str>,
+    ) -> StageProcess {
+        Self::spawn_leased(
+            p,
+            role,
+            name,
+            group_prefix,
+            pause_at,
+            Duration::from_secs(3),
+        )
+    }
+
+    /// [`StageProcess::spawn`] with leases of `lease` (`TXFLOW_LEASE_MS`).
+    pub fn spawn_leased(
+        p: &Pipeline,
+        role: &str,
+        name: &str,
+        group_prefix: &str,
+        pause_at: Option<&str>,
+        lease: Duration,
+    ) -> StageProcess {
+        let log = std::env::temp_dir().join(format!("{}.log", unique(name)));
+        let file = std::fs::File::create(&log).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_txflow"));
+        cmd.arg(role)
+            .envs(p.env())
+            .env("TXFLOW_NODE_NAME", name)
+            .env("TXFLOW_GROUP_PREFIX", group_prefix)
+            .env("TXFLOW_LEASE_MS", lease.as_millis().to_string())
+            // The lease events too (lease_busy: the process wants a lease another one holds).
+            .env("TXFLOW_LOG", "info,txflow_core=debug,txflow::lease=debug")
+            .env_remove("TXFLOW_FAULT")
+            .env_remove("TXFLOW_PAUSE_AT")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true);
+        if role == "signer-gateway" {
+            let (k, v) = p.signer_keys_env();
+            cmd.env(k, v);
+        }
+        if let Some(point) = pause_at {
+            cmd.env("TXFLOW_PAUSE_AT", point);
+        }
+        StageProcess {
+            child: cmd
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn txflow {role}: {e}")),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the stage process is running")
+    }
+
+    /// The process state letter from /proc (`T` when stopped).
+    pub fn state(&self) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
+        // pid (comm) STATE ...: the comm may hold spaces, so read after the last ')'.
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill {sig} {}", self.pid());
+    }
+
+    /// Everything the process logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Whether the process is still running (it was not ended by what the test did to it).
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("the process status").is_none()
+    }
+}
+
+/// The `role` lease of signer 0 of `p`: `(owner_node, fencing_token)`.
+pub async fn lease(p: &Pipeline, role: &str) -> Option<(String, i64)> {
+    sqlx::query_as(
+        "SELECT owner_node, fencing_token FROM signer_lease WHERE role = $1 AND signer = $2",
+    )
+    .bind(role)
+    .bind(p.signer(0))
+    .fetch_optional(&p.db.pool)
+    .await
+    .expect("lease row")
+}
+
+/// Takes the `role` lease of signer 0 from its owner as a lost session would, if it is still held
+/// with `token`: its expiry is set in the past, so that the next acquisition by another node
+/// raises the fencing token. (A frozen owner's lease also lapses by itself; then a waiting node
+/// may have taken it already, and its lease is left alone.)
+pub async fn expire_lease(p: &Pipeline, role: &str, token: i64) {
+    sqlx::query(
+        "UPDATE signer_lease SET expires_at = clock_timestamp() - interval '1 millisecond'
+         WHERE role = $1 AND signer = $2 AND fencing_token = $3",
+    )
+    .bind(role)
+    .bind(p.signer(0))
+    .bind(token)
+    .execute(&p.db.pool)
+    .await
+    .expect("steal the lease");
 }
