@@ -384,6 +384,73 @@ impl Pipeline {
         markers
     }
 
+    /// The announced events recorded in `tx_events` (`txflow_core::outbox::ANNOUNCED`) that are
+    /// not on their topic by `event_id` header, waiting up to `timeout` for them to arrive; empty
+    /// when every one is there (duplicates on a topic are allowed). Each missing one as
+    /// `(type, event_id, tx_id)`.
+    pub async fn announced_events_missing_from_topics(
+        &self,
+        timeout: Duration,
+    ) -> Vec<(String, String, String)> {
+        use rdkafka::Message;
+        use rdkafka::consumer::Consumer;
+        use rdkafka::message::Headers;
+        use std::collections::{BTreeSet, HashSet};
+
+        let recorded: Vec<(String, uuid::Uuid, uuid::Uuid)> = sqlx::query_as(
+            "SELECT type, event_id, tx_id FROM tx_events WHERE type = ANY($1) ORDER BY created_at",
+        )
+        .bind(txflow_core::outbox::ANNOUNCED)
+        .fetch_all(&self.db.pool)
+        .await
+        .expect("recorded events");
+        let topics = &self.config.topics;
+        let topic_of = |t: &str| match t {
+            "TxAllocated" => topics.tx_allocated(),
+            "TxSigned" => topics.tx_signed(),
+            "TxSubmitted" => topics.tx_submitted(),
+            "TxFailed" => topics.tx_outcomes(),
+            other => panic!("{other} is announced but has no topic here"),
+        };
+        let mut wanted: BTreeSet<(String, String)> = recorded
+            .iter()
+            .map(|(t, id, _)| (topic_of(t), id.to_string()))
+            .collect();
+        let names: BTreeSet<String> = wanted.iter().map(|(t, _)| t.clone()).collect();
+        if !names.is_empty() {
+            let consumer = crate::group_consumer(&self.config.kafka, &unique("outbox-check"));
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            consumer.subscribe(&names).expect("subscribe");
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut seen: HashSet<(String, String)> = HashSet::new();
+            while !wanted.is_empty() {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match tokio::time::timeout(left, consumer.recv()).await {
+                    Ok(Ok(m)) => {
+                        let id = m.headers().and_then(|h| {
+                            h.iter()
+                                .find(|h| h.key == "event_id")
+                                .and_then(|h| h.value)
+                                .map(|v| String::from_utf8_lossy(v).into_owned())
+                        });
+                        if let Some(id) = id {
+                            let k = (m.topic().to_string(), id);
+                            wanted.remove(&k);
+                            seen.insert(k);
+                        }
+                    }
+                    Ok(Err(e)) => panic!("reading the announced topics: {e}"),
+                    Err(_) => break,
+                }
+            }
+        }
+        recorded
+            .into_iter()
+            .filter(|(t, id, _)| wanted.contains(&(topic_of(t), id.to_string())))
+            .map(|(t, id, tx)| (t, id.to_string(), tx.to_string()))
+            .collect()
+    }
+
     /// A provider on the test's chain.
     pub fn provider(&self) -> impl Provider + use<> {
         ProviderBuilder::new().connect_http(self.anvil.url.parse().expect("url"))

@@ -11,6 +11,7 @@
 //! - [`domain`]: the identities of txflow-domain (chain ids, signers, tokens, node ids, roles).
 //! - [`lease`]: per-(role, chain, signer) leases with monotonic fencing tokens.
 //! - [`fenced`]: fenced transactions, the only way to write critical state, and the nonce cursor.
+//! - [`outbox`]: the transactional outbox: announced events reach their topic at least once.
 //! - [`stage`]: the stage runtime every consumer service runs on.
 //! - [`fault`]: fault points for crash tests (feature `fault-injection`).
 //! - [`telemetry`]: typed telemetry events.
@@ -27,6 +28,7 @@ pub mod fenced;
 pub mod holds;
 pub mod kafka;
 pub mod lease;
+pub mod outbox;
 pub mod policy;
 pub mod role;
 pub mod stage;

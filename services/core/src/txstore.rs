@@ -13,6 +13,7 @@
 //! from one whose rows were all in another state), and otherwise the rows that landed.
 
 use sqlx::PgPool;
+use txflow_domain::events::ANNOUNCED;
 use txflow_domain::state::{CREATED_NOOP, CREATED_REQUEST, Move};
 use txflow_domain::{ChainId, FailureCode, Signer, TxState};
 use uuid::Uuid;
@@ -20,10 +21,19 @@ use uuid::Uuid;
 use crate::fenced::{FENCE_PREDICATE, FenceError, Fenced};
 
 /// The audit rows of the rows that landed: `landed(tx_id)` joined with the input `u(tx_id,
-/// event_id, event_type, event)`. The one `INSERT INTO tx_events` of the code base.
-const AUDIT: &str = "events AS (
-     INSERT INTO tx_events (event_id, tx_id, type, payload)
-     SELECT u.event_id, u.tx_id, u.event_type, u.event FROM landed JOIN u USING (tx_id))";
+/// event_id, event_type, event)`. The one `INSERT INTO tx_events` of the code base. An announced
+/// event ([`ANNOUNCED`](txflow_domain::events::ANNOUNCED)) is written unpublished, for the outbox
+/// ([`crate::outbox`]); an audit-only one published.
+/// `announced` is the number of the statement's parameter bound to `ANNOUNCED`.
+fn audit(announced: usize) -> String {
+    format!(
+        "events AS (
+     INSERT INTO tx_events (event_id, tx_id, type, payload, published_at)
+     SELECT u.event_id, u.tx_id, u.event_type, u.event,
+            CASE WHEN u.event_type = ANY(${announced}::text[]) THEN NULL ELSE clock_timestamp() END
+     FROM landed JOIN u USING (tx_id))"
+    )
+}
 
 /// The kind of a new row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +139,7 @@ pub async fn create(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, Fen
     let event_ids: Vec<Uuid> = rows.iter().map(|r| r.audit.event_id).collect();
     let event_types: Vec<&str> = rows.iter().map(|r| r.audit.event_type).collect();
     let events: Vec<serde_json::Value> = rows.iter().map(|r| r.audit.payload.clone()).collect();
+    let audit = audit(15);
     let sql = format!(
         "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
          u AS (SELECT * FROM unnest($6::uuid[], $7::text[], $8::text[], $9::text[], $10::bigint[],
@@ -140,7 +151,7 @@ pub async fn create(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, Fen
              FROM u WHERE EXISTS (SELECT 1 FROM fence_ok)
              ON CONFLICT (chain_id, signer, request_id) DO NOTHING
              RETURNING tx_id),
-         {AUDIT}
+         {audit}
          SELECT tx_id FROM landed UNION ALL SELECT NULL FROM fence_ok"
     );
     let out: Vec<(Option<Uuid>,)> = w
@@ -154,6 +165,7 @@ pub async fn create(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, Fen
                 .bind(event_ids)
                 .bind(event_types)
                 .bind(events)
+                .bind(ANNOUNCED)
         })
         .await?;
     landed_or_fenced(
@@ -197,6 +209,7 @@ pub async fn apply(
         .collect();
     let approvers: Vec<Option<&str>> = rows.iter().map(|r| r.approved_by.as_deref()).collect();
     let expect: Vec<Option<i64>> = rows.iter().map(|r| r.expect_nonce).collect();
+    let audit = audit(19);
     let sql = format!(
         "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
          u AS (SELECT * FROM unnest($6::uuid[], $7::uuid[], $8::text[], $9::jsonb[], $10::bigint[],
@@ -225,7 +238,7 @@ pub async fn apply(
              INSERT INTO recycled_nonces (chain_id, signer, nonce, released_at)
              SELECT $2, $3, nonce, clock_timestamp() FROM landed WHERE $18 AND nonce IS NOT NULL
              ON CONFLICT (chain_id, signer, nonce) DO NOTHING),
-         {AUDIT}
+         {audit}
          SELECT tx_id, nonce FROM landed UNION ALL SELECT NULL, NULL FROM fence_ok"
     );
     let out: Vec<(Option<Uuid>, Option<i64>)> = w
@@ -243,6 +256,7 @@ pub async fn apply(
                 .bind(m.to.as_str())
                 .bind(m.from_names())
                 .bind(releases)
+                .bind(ANNOUNCED)
         })
         .await?;
     landed_or_fenced(w, m.name, out.into_iter().map(|(t, n)| t.map(|t| (t, n))))

@@ -61,6 +61,10 @@ macro_rules! event {
     };
 }
 
+/// The `tx_events` types that are announced on a topic (the transactional outbox relays them until
+/// the broker acknowledged them); every other type is an audit record only.
+pub const ANNOUNCED: &[&str] = &["TxAllocated", "TxSigned", "TxSubmitted", "TxFailed"];
+
 /// Upstream contract: a request to send one transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxRequest {

@@ -3,7 +3,8 @@
 //! restarts it when it dies. Every run of a stage aborts (as `kill -9` would: no destructors, no
 //! flush) at the next fault point of its schedule, and the test also `kill -9`s each stage once
 //! from outside. 500 requests over 4 signers; afterwards every request has exactly one mined
-//! transaction, nothing is left in anvil's pool and `(signer, nonce)` is unique in PostgreSQL.
+//! transaction, nothing is left in anvil's pool, `(signer, nonce)` is unique in PostgreSQL and
+//! every announced event recorded in `tx_events` is on its topic (the outbox, issue 12 point 4).
 
 mod common;
 
@@ -88,6 +89,24 @@ async fn every_request_mines_exactly_once_while_each_stage_is_killed_at_each_fau
     // again and hears "nonce too low" for a hash the chain knows.
     wait_until("every request is recorded SUBMITTED", LONG, || async {
         p.count("SELECT count(*) FROM managed_tx WHERE state <> 'SUBMITTED'")
+            .await
+            == 0
+    })
+    .await;
+    // The outbox: every announced event recorded in tx_events is on its topic, also those of a
+    // drive or a batch whose process died between the commit and the acknowledgement
+    // (stage.after_drive, stage.after_commit), relayed by the recovery scan.
+    let missing = p
+        .announced_events_missing_from_topics(Duration::from_secs(120))
+        .await;
+    assert!(
+        missing.is_empty(),
+        "{} recorded events are not on their topic: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    wait_until("every recorded event is marked published", LONG, || async {
+        p.count("SELECT count(*) FROM tx_events WHERE published_at IS NULL")
             .await
             == 0
     })

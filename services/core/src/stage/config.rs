@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::kafka::Topics;
 use crate::lease::LeaseConfig;
 
 /// Settings of one stage instance.
@@ -22,6 +23,9 @@ pub struct StageConfig {
     pub retry_backoff: Duration,
     /// How often the recovery scan runs (besides on start and on assignment).
     pub recovery_interval: Duration,
+    /// The pipeline's topics, when the stage records announced events in `tx_events`: its
+    /// recovery scan then relays the ones a crash left unpublished ([`crate::outbox`]).
+    pub outbox: Option<Topics>,
 }
 
 impl StageConfig {
@@ -36,6 +40,7 @@ impl StageConfig {
             lease: LeaseConfig::default(),
             retry_backoff: Duration::from_millis(200),
             recovery_interval: Duration::from_secs(30),
+            outbox: None,
         }
     }
 
@@ -55,6 +60,7 @@ impl StageConfig {
         sc.recovery_interval = Duration::from_secs(5);
         sc.partitions = config.partitions;
         sc.topics = config.topics.all();
+        sc.outbox = Some(config.topics.clone());
         sc
     }
 }

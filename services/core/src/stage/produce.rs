@@ -48,15 +48,24 @@ impl<H: Handler> StageRuntime<H> {
             producer.send(record, Duration::from_secs(30))
         });
         let mut ok = true;
+        let mut acked = Vec::with_capacity(encoded.len());
         for (result, (o, _, _)) in futures::future::join_all(sends)
             .await
             .into_iter()
             .zip(&encoded)
         {
-            if let Err((e, _)) = result {
-                tracing::warn!(error = %e, topic = %o.topic, "could not produce an output");
-                ok = false;
+            match result {
+                Ok(_) => acked.extend(uuid::Uuid::parse_str(&o.event_id).ok()),
+                Err((e, _)) => {
+                    tracing::warn!(error = %e, topic = %o.topic, "could not produce an output");
+                    ok = false;
+                }
             }
+        }
+        // The outbox: what the broker acknowledged is not relayed again. A failed mark only
+        // means a duplicate later, never a loss.
+        if let Err(e) = crate::outbox::mark_published(&self.pool, &acked).await {
+            tracing::warn!(error = %e, events = acked.len(), "could not mark events published; the recovery scan produces them again");
         }
         ok
     }

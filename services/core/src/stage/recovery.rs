@@ -10,6 +10,7 @@ use super::{DriveCtx, Handler, HandlerError, Output, StageRuntime};
 use crate::domain::{ChainId, Signer};
 use crate::fault;
 use crate::lease::HeldLease;
+use crate::outbox;
 
 /// How many signers' `drive` run at once.
 const DRIVE_CONCURRENCY: usize = 16;
@@ -17,17 +18,28 @@ const DRIVE_CONCURRENCY: usize = 16;
 impl<H: Handler> StageRuntime<H> {
     /// Drives the pending work of the signers on `partitions` from PostgreSQL.
     pub(super) async fn recovery_scan(&self, producer: &FutureProducer, partitions: &[i32]) {
-        let pending = match self.handler.pending_signers(&self.pool).await {
+        let mut pending = match self.handler.pending_signers(&self.pool).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "recovery scan could not list pending work");
                 return;
             }
         };
-        let mine: Vec<(ChainId, Signer)> = pending
+        if self.config.outbox.is_some() {
+            let types = outbox::relayed_by(self.handler.role());
+            match outbox::signers_with_unpublished(&self.pool, types).await {
+                Ok(more) => pending.extend(more),
+                Err(e) => {
+                    tracing::warn!(error = %e, "recovery scan could not list unpublished events")
+                }
+            }
+        }
+        let mut mine: Vec<(ChainId, Signer)> = pending
             .into_iter()
             .filter(|(c, s)| partitions.contains(&self.partition_of(*c, s)))
             .collect();
+        mine.sort();
+        mine.dedup();
         if mine.is_empty() {
             return;
         }
@@ -57,6 +69,9 @@ impl<H: Handler> StageRuntime<H> {
     /// Drives one signer and produces what it returns. A failure is never retried here: the
     /// recovery scan drives the signer again.
     async fn drive(&self, producer: &FutureProducer, lease: &HeldLease, recovery: bool) {
+        if recovery {
+            self.relay(producer, lease).await;
+        }
         let result = self
             .handler
             .drive(DriveCtx {
@@ -93,6 +108,39 @@ impl<H: Handler> StageRuntime<H> {
                     .await;
             }
         }
+    }
+
+    /// The outbox relay: produces the signer's announced events that a crash left unpublished
+    /// (oldest first, with their own `event_id`), under the signer's lease; the acknowledged
+    /// ones are marked by `produce`.
+    async fn relay(&self, producer: &FutureProducer, lease: &HeldLease) {
+        let Some(topics) = &self.config.outbox else {
+            return;
+        };
+        let types = outbox::relayed_by(self.handler.role());
+        let rows = match outbox::unpublished(&self.pool, lease.key(), types).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, signer = %lease.key().signer, "could not read unpublished events");
+                return;
+            }
+        };
+        if rows.is_empty() {
+            return;
+        }
+        let mut outs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match outbox::output(topics, lease.key(), row) {
+                Ok(o) => outs.push(o),
+                // Left unpublished, reported on every scan: an operator must look at it.
+                Err(e) => {
+                    tracing::error!(error = ?e, tx_id = %row.tx_id, "an unpublished event cannot be relayed")
+                }
+            }
+        }
+        let all: Vec<(&Output, Option<&str>)> = outs.iter().map(|o| (o, None)).collect();
+        let produced = self.produce(producer, &all).await;
+        tracing::info!(role = %self.handler.role(), signer = %lease.key().signer, events = outs.len(), produced, "relayed unpublished events");
     }
 
     async fn hold(&self, lease: &HeldLease, reason: &str) {

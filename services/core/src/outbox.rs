@@ -1,0 +1,263 @@
+//! The transactional outbox (issue 12 point 4): every announced event recorded in `tx_events`
+//! ([`ANNOUNCED`]) reaches its topic at least once, also when the process dies between the
+//! PostgreSQL commit that recorded it and the broker's acknowledgement.
+//!
+//! - [`crate::txstore`] writes an announced event's row with `published_at` NULL, in the same
+//!   statement as the state change it announces;
+//! - the stage runtime marks the rows of the outputs the broker acknowledged ([`mark_published`]);
+//! - the recovery scan relays, for the signers whose lease it holds, the rows of the types its role
+//!   announces that are still unpublished after [`GRACE`] ([`unpublished`], [`output`]).
+//!
+//! Duplicates on a topic are possible (a crash after the acknowledgement, before the mark; a relay
+//! racing the producing stage); consumers deduplicate by `event_id`, which a relayed event keeps.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::codec::Subjects;
+use crate::domain::{ChainId, Role, Signer};
+use crate::events::{Event, TxAllocated, TxFailed, TxSigned, TxSubmitted};
+use crate::kafka::{Topics, signer_key};
+use crate::lease::LeaseKey;
+use crate::retry::{Classify, Retry};
+use crate::stage::Output;
+
+pub use txflow_domain::events::ANNOUNCED;
+
+/// How old an unpublished row must be before the relay produces it: the stage that recorded it
+/// produces it within milliseconds; the relay is for the ones a crash left behind.
+pub const GRACE: Duration = Duration::from_secs(3);
+
+/// How many rows one relay produces for one signer (the next scan takes the rest).
+pub const RELAY_LIMIT: i64 = 1000;
+
+/// The announced event types a role records, and so relays: the allocator's allocations and
+/// failures (simulation, policy, cancel), the signer gateway's signatures and failures at signing,
+/// the broadcaster's submissions and refusals.
+pub fn relayed_by(role: Role) -> &'static [&'static str] {
+    match role {
+        Role::Allocator => &["TxAllocated", "TxFailed"],
+        Role::SignerGateway => &["TxSigned", "TxFailed"],
+        Role::Broadcaster => &["TxSubmitted", "TxFailed"],
+        _ => &[],
+    }
+}
+
+/// An unpublished `tx_events` row.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Unpublished {
+    pub event_id: Uuid,
+    pub tx_id: Uuid,
+    #[sqlx(rename = "type")]
+    pub event_type: String,
+    pub payload: serde_json::Value,
+}
+
+/// A row the relay cannot turn into its event again: written by a version that no longer reads
+/// it, or not an announced type. Permanent: the row is left unpublished and reported.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("tx_events row {event_id} of type {event_type} is not an announced event")]
+    NotAnnounced { event_id: Uuid, event_type: String },
+    #[error("tx_events row {event_id} of type {event_type} does not decode as its event")]
+    Payload {
+        event_id: Uuid,
+        event_type: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("tx_events row {event_id} carries event_id {payload_id} in its payload")]
+    EventId { event_id: Uuid, payload_id: String },
+}
+
+impl Classify for RelayError {
+    fn retry(&self) -> Retry {
+        Retry::Permanent
+    }
+}
+
+/// The output that announces `row` again, keyed by its signer, with its own `event_id`.
+pub fn output(topics: &Topics, key: &LeaseKey, row: &Unpublished) -> Result<Output, RelayError> {
+    fn typed<E: Event + 'static>(
+        row: &Unpublished,
+        topic: String,
+        subjects: Subjects,
+        key: String,
+    ) -> Result<Output, RelayError> {
+        let event: E =
+            serde_json::from_value(row.payload.clone()).map_err(|source| RelayError::Payload {
+                event_id: row.event_id,
+                event_type: row.event_type.clone(),
+                source,
+            })?;
+        if event.event_id() != row.event_id.to_string() {
+            return Err(RelayError::EventId {
+                event_id: row.event_id,
+                payload_id: event.event_id().to_string(),
+            });
+        }
+        Ok(Output::new(topic, subjects, key, event))
+    }
+    let k = signer_key(key.chain_id.0, key.signer.as_str());
+    match row.event_type.as_str() {
+        "TxAllocated" => typed::<TxAllocated>(row, topics.tx_allocated(), Subjects::TopicName, k),
+        "TxSigned" => typed::<TxSigned>(row, topics.tx_signed(), Subjects::TopicName, k),
+        "TxSubmitted" => typed::<TxSubmitted>(row, topics.tx_submitted(), Subjects::TopicName, k),
+        "TxFailed" => typed::<TxFailed>(row, topics.tx_outcomes(), Subjects::TopicRecordName, k),
+        other => Err(RelayError::NotAnnounced {
+            event_id: row.event_id,
+            event_type: other.to_string(),
+        }),
+    }
+}
+
+/// The signers with rows of `types` unpublished for longer than [`GRACE`].
+pub async fn signers_with_unpublished(
+    pool: &PgPool,
+    types: &[&str],
+) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+    if types.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT DISTINCT m.chain_id, m.signer
+         FROM tx_events e JOIN managed_tx m USING (tx_id)
+         WHERE e.published_at IS NULL AND e.type = ANY($1)
+           AND e.created_at < now() - make_interval(secs => $2)",
+    )
+    .bind(types)
+    .bind(GRACE.as_secs_f64())
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
+        .collect())
+}
+
+/// The signer's rows of `types` unpublished for longer than [`GRACE`], oldest first, at most
+/// [`RELAY_LIMIT`].
+pub async fn unpublished(
+    pool: &PgPool,
+    key: &LeaseKey,
+    types: &[&str],
+) -> Result<Vec<Unpublished>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT e.event_id, e.tx_id, e.type, e.payload
+         FROM tx_events e JOIN managed_tx m USING (tx_id)
+         WHERE e.published_at IS NULL AND e.type = ANY($1)
+           AND e.created_at < now() - make_interval(secs => $2)
+           AND m.chain_id = $3 AND m.signer = $4
+         ORDER BY e.created_at, e.event_id
+         LIMIT $5",
+    )
+    .bind(types)
+    .bind(GRACE.as_secs_f64())
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(RELAY_LIMIT)
+    .fetch_all(pool)
+    .await
+}
+
+/// Marks the rows of these events published (the broker acknowledged them). Ids that are not
+/// `tx_events` rows (a stage's own outputs, a test stage's) change nothing. Unfenced on purpose:
+/// the mark records a fact about the broker, true whoever produced the event.
+pub async fn mark_published(pool: &PgPool, event_ids: &[Uuid]) -> Result<u64, sqlx::Error> {
+    if event_ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query(
+        "UPDATE tx_events SET published_at = clock_timestamp()
+         WHERE event_id = ANY($1) AND published_at IS NULL",
+    )
+    .bind(event_ids)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Role, Signer};
+    use crate::events::TxSubmitted;
+
+    fn key() -> LeaseKey {
+        LeaseKey {
+            role: Role::Broadcaster,
+            chain_id: ChainId(31337),
+            signer: Signer::parse("0x00000000000000000000000000000000000000aa").expect("signer"),
+        }
+    }
+
+    #[test]
+    fn every_announced_type_is_relayed_by_a_pipeline_role_and_only_those() {
+        for t in ANNOUNCED {
+            assert!(
+                Role::PIPELINE.iter().any(|r| relayed_by(*r).contains(t)),
+                "{t} is relayed by some role"
+            );
+        }
+        for r in Role::ALL {
+            for t in relayed_by(r) {
+                assert!(ANNOUNCED.contains(t), "{r} relays {t}, an announced type");
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_becomes_its_event_on_its_topic_with_its_own_id() {
+        let id = Uuid::now_v7();
+        let event = TxSubmitted {
+            event_id: id.to_string(),
+            tx_id: Uuid::now_v7().to_string(),
+            chain_id: 31337,
+            signer: "0x00000000000000000000000000000000000000aa".into(),
+            nonce: 7,
+            attempt: 1,
+            tx_hash: format!("0x{}", "ab".repeat(32)),
+            outcome: crate::events::SubmitOutcome::Accepted,
+            submitted_at_ms: 1,
+            fencing_token: 3,
+        };
+        let row = Unpublished {
+            event_id: id,
+            tx_id: Uuid::now_v7(),
+            event_type: "TxSubmitted".into(),
+            payload: serde_json::to_value(&event).expect("json"),
+        };
+        let topics = Topics::new("t");
+        let out = output(&topics, &key(), &row).expect("relayed");
+        assert_eq!(out.topic, topics.tx_submitted());
+        assert_eq!(out.event_id, id.to_string());
+        assert_eq!(out.key, "31337:0x00000000000000000000000000000000000000aa");
+
+        let other = Unpublished {
+            event_id: Uuid::now_v7(),
+            ..row.clone()
+        };
+        assert!(matches!(
+            output(&topics, &key(), &other),
+            Err(RelayError::EventId { .. })
+        ));
+        let audit = Unpublished {
+            event_type: "TxSimulated".into(),
+            ..row.clone()
+        };
+        assert!(matches!(
+            output(&topics, &key(), &audit),
+            Err(RelayError::NotAnnounced { .. })
+        ));
+        let garbage = Unpublished {
+            payload: serde_json::json!({"nope": 1}),
+            ..row
+        };
+        assert!(matches!(
+            output(&topics, &key(), &garbage),
+            Err(RelayError::Payload { .. })
+        ));
+    }
+}
