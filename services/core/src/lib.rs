@@ -11,6 +11,7 @@
 //! - [`domain`]: the identities of txflow-domain (chain ids, signers, tokens, node ids, roles).
 //! - [`lease`]: per-(role, chain, signer) leases with monotonic fencing tokens.
 //! - [`fenced`]: fenced transactions, the only way to write critical state, and the nonce cursor.
+//! - [`output`]: what a stage produces (`Output`), shared by the runtime and the outbox.
 //! - [`outbox`]: the transactional outbox: announced events reach their topic at least once.
 //! - [`stage`]: the stage runtime every consumer service runs on.
 //! - [`fault`]: fault points for crash tests (feature `fault-injection`).
@@ -29,6 +30,7 @@ pub mod holds;
 pub mod kafka;
 pub mod lease;
 pub mod outbox;
+pub mod output;
 pub mod policy;
 pub mod role;
 pub mod stage;

@@ -22,7 +22,7 @@ use crate::events::{Event, TxAllocated, TxFailed, TxSigned, TxSubmitted};
 use crate::kafka::{Topics, signer_key};
 use crate::lease::LeaseKey;
 use crate::retry::{Classify, Retry};
-use crate::stage::Output;
+use crate::output::Output;
 
 pub use txflow_domain::events::ANNOUNCED;
 
