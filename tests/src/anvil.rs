@@ -5,9 +5,10 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::services;
+use crate::{services, spawn_child};
 
-/// An anvil of the test's own on a free port (`--port 0`), killed when dropped.
+/// An anvil of the test's own on a free port (`--port 0`), killed when dropped or when the test
+/// process dies ([`spawn_child`]).
 pub struct AnvilNode {
     child: Child,
     pub port: u16,
@@ -25,24 +26,30 @@ impl AnvilNode {
     pub async fn spawn_with(args: &[&str]) -> AnvilNode {
         spawn_at(&services().anvil_bin, args).await
     }
+
+    /// The anvil process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("anvil is running")
+    }
 }
 
 async fn spawn_at(bin: &Path, args: &[&str]) -> AnvilNode {
-    let mut child = Command::new(bin)
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--max-persisted-states",
-            "0",
-        ])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("start anvil at {}: {e}", bin.display()));
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--max-persisted-states",
+        "0",
+    ])
+    .args(args)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .kill_on_drop(true);
+    // Dies with the test process, even one killed by a timeout.
+    let mut child =
+        spawn_child(cmd).unwrap_or_else(|e| panic!("start anvil at {}: {e}", bin.display()));
     let stdout = child.stdout.take().expect("anvil stdout is piped");
     let mut lines = BufReader::new(stdout).lines();
     let port = tokio::time::timeout(Duration::from_secs(30), async {

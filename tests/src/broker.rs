@@ -4,10 +4,10 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use txflow_core::kafka::KafkaSettings;
 
-use crate::{free_port, services, wait_until};
+use crate::{free_port, services, spawn_child, wait_until};
 
 /// A tansu broker of the test's own (memory storage), for tests that restart or kill the broker.
-/// Killed when dropped.
+/// Killed when dropped or when the test process dies ([`spawn_child`]).
 pub struct OwnBroker {
     child: Option<Child>,
     pub port: u16,
@@ -29,23 +29,29 @@ impl OwnBroker {
         KafkaSettings::new(self.brokers())
     }
 
+    /// The broker process's id (None while it is stopped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
     async fn start(&mut self) {
         let url = format!("tcp://127.0.0.1:{}", self.port);
         let bin = &services().tansu_bin;
-        let child = Command::new(bin)
-            .args([
-                "broker",
-                "--storage-engine",
-                "memory://tansu/",
-                "--listener-url",
-                &url,
-            ])
-            .args(["--advertised-listener-url", &url])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start tansu at {}: {e}", bin.display()));
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "broker",
+            "--storage-engine",
+            "memory://tansu/",
+            "--listener-url",
+            &url,
+        ])
+        .args(["--advertised-listener-url", &url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+        // Dies with the test process, even one killed by a timeout.
+        let child =
+            spawn_child(cmd).unwrap_or_else(|e| panic!("start tansu at {}: {e}", bin.display()));
         self.child = Some(child);
         let port = self.port;
         wait_until(

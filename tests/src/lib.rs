@@ -15,6 +15,12 @@
 //! - [`fault_proxy::FaultProxy`]: a JSON-RPC proxy in front of anvil that injects HTTP errors,
 //!   delays, dropped connections, JSON-RPC errors and lost responses, per method.
 //! - [`wait_until`]: poll a condition until it holds, or fail with a message after a deadline.
+//! - [`spawn_child`]: start a process that dies with the test process, however that ends (a
+//!   timeout's SIGKILL runs no destructor, so `kill_on_drop` alone is not enough).
+//!
+//! A test binary that is killed leaves nothing behind: its anvils, brokers and `txflow` processes
+//! die with it ([`spawn_child`]), and the databases of killed runs are dropped by the first
+//! [`TestDb`] of a later run once they are two hours old.
 //!
 //! The shared services (PostgreSQL, broker, registry) come from the environment that
 //! `deploy/local/start.sh` prints; when it is not set (a plain `cargo test`), the harness runs that
@@ -38,7 +44,7 @@ pub use wait::{wait_for, wait_until};
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{OnceLock, mpsc};
 
 /// Where the shared services are, and where the tools are.
 #[derive(Debug, Clone)]
@@ -124,4 +130,69 @@ pub fn unique(prefix: &str) -> String {
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     l.local_addr().expect("local address").port()
+}
+
+/// A spawn for the spawner thread: the command, the caller's runtime (the child is registered
+/// with its process driver) and where to send the result.
+type SpawnRequest = (
+    tokio::process::Command,
+    tokio::runtime::Handle,
+    mpsc::SyncSender<std::io::Result<tokio::process::Child>>,
+);
+
+/// Starts `cmd` (from within a tokio runtime) so that the child is killed (SIGKILL) when this process dies, however it dies:
+/// `kill_on_drop` covers a test that ends or panics, but a test binary killed by a timeout runs
+/// no destructor, and its anvil, broker or `txflow` processes would run on.
+///
+/// Linux `PR_SET_PDEATHSIG`, set in the child between fork and exec. The kernel sends the signal
+/// when the *thread* that forked the child exits, not the process. A test's threads come and go:
+/// a `#[tokio::test]` runs on a libtest thread that ends with the test, a multi-thread runtime's
+/// workers are replaced when a task calls `block_in_place`, and blocking-pool threads exit after
+/// 10 s idle; a child forked from one of them could be killed while the test still uses it. So
+/// every child is forked by one dedicated thread that lives as long as the process and does
+/// nothing else: its death is the process's death. The caller's tokio runtime is entered there
+/// so that the returned [`tokio::process::Child`] belongs to the caller's runtime as usual.
+///
+/// Should the process die between the fork and the `prctl`, the child sees that its parent
+/// changed and does not exec.
+pub fn spawn_child(mut cmd: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("txflow-tests-spawner".into())
+            .spawn(move || {
+                // The sender is in a static: this loop ends only with the process.
+                for (mut cmd, runtime, reply) in rx {
+                    let _entered = runtime.enter();
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("start the spawner thread");
+        tx
+    });
+    let parent = std::process::id();
+    // SAFETY: the hook runs in the forked child before exec; it only makes async-signal-safe
+    // system calls (prctl, getppid) and builds errors without allocating.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the prctl (the child was reparented): do not run at all.
+            if libc::getppid() as u32 != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    let (reply, result) = mpsc::sync_channel(1);
+    // tokio's spawn needs a runtime (it would panic the spawner thread without one).
+    let runtime = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+    spawner
+        .send((cmd, runtime, reply))
+        .expect("the spawner thread runs as long as the process");
+    result
+        .recv()
+        .expect("the spawner thread answers every spawn")
 }

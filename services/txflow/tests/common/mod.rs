@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 use txflow_tests::pipeline::Pipeline;
-use txflow_tests::{unique, wait_until};
+use txflow_tests::{spawn_child, unique, wait_until};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -69,7 +69,8 @@ impl Supervised {
                     Some(f) => cmd.env("TXFLOW_FAULT", f),
                     None => cmd.env_remove("TXFLOW_FAULT"),
                 };
-                let mut child = cmd.spawn().map_err(|e| format!("spawn {role}: {e}"))?;
+                // Dies with the test process, even one killed by a timeout.
+                let mut child = spawn_child(cmd).map_err(|e| format!("spawn {role}: {e}"))?;
                 pid2.store(child.id().unwrap_or(0), Ordering::SeqCst);
                 tokio::select! {
                     status = child.wait() => {
@@ -209,9 +210,8 @@ impl StageProcess {
             cmd.env("TXFLOW_PAUSE_AT", point);
         }
         StageProcess {
-            child: cmd
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawn txflow {role}: {e}")),
+            // Dies with the test process, even one killed by a timeout.
+            child: spawn_child(cmd).unwrap_or_else(|e| panic!("spawn txflow {role}: {e}")),
             log,
         }
     }
