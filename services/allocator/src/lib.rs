@@ -25,7 +25,8 @@ pub use config::AllocatorConfig;
 pub use handler::{CommandStage, RequestStage};
 pub use txflow_core::policy::{Policy, Verdict};
 
-/// The allocator's two stage runtimes on `deps`: requests and commands.
+/// The allocator's two stage runtimes on `deps`: requests and commands, on one lease manager
+/// (one role, one node), whose signer locks keep their drives of a signer one at a time.
 pub async fn runtimes(
     deps: &Deps,
     node: NodeId,
@@ -37,12 +38,16 @@ pub async fn runtimes(
         chain: deps.chain.clone(),
     });
     let stage_config = |group: &str| StageConfig::for_pipeline(config, group, lease);
+    // One manager for both runtimes: they act under the same leases (role and node), and its
+    // clones share the signer locks, so that the two never drive one signer at once (both would
+    // pass the fence, and both simulate and allocate the same requests).
+    let leases = LeaseManager::new(deps.pool.clone(), Role::Allocator, node, lease)?;
     let requests = StageRuntime::new(
         stage.clone(),
         deps.pool.clone(),
         deps.codec.clone(),
         config.kafka.clone(),
-        LeaseManager::new(deps.pool.clone(), Role::Allocator, node.clone(), lease)?,
+        leases.clone(),
         stage_config("allocator"),
     );
     let commands = StageRuntime::new(
@@ -50,7 +55,7 @@ pub async fn runtimes(
         deps.pool.clone(),
         deps.codec.clone(),
         config.kafka.clone(),
-        LeaseManager::new(deps.pool.clone(), Role::Allocator, node, lease)?,
+        leases,
         stage_config("allocator.commands"),
     );
     Ok((requests, commands))

@@ -14,7 +14,14 @@
 //!
 //! Every time comparison uses the database clock (`clock_timestamp()`), so nodes' clocks do not
 //! matter; the skew allowance covers the gap between a holder's view and the database's.
+//!
+//! A lease keeps other nodes out; it cannot tell two tasks of its own node apart (they share the
+//! token, so both pass the fence). [`LeaseManager::lock_signer`] is the local half: one task at a
+//! time acts for a signer under the manager's leases, and every clone of a manager shares the
+//! locks (the allocator's two runtimes are built on clones of one manager).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -175,13 +182,63 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Acquires, renews and releases the leases of one role for one node.
+/// Acquires, renews and releases the leases of one role for one node. Clones share the signer
+/// locks ([`LeaseManager::lock_signer`]).
 #[derive(Debug, Clone)]
 pub struct LeaseManager {
     pool: PgPool,
     role: Role,
     node: NodeId,
     config: LeaseConfig,
+    signers: Arc<SignerLocks>,
+}
+
+/// A signer's lock: held by the task acting for the signer, waited for by the others.
+type SignerLock = tokio::sync::Mutex<()>;
+
+/// One async lock per signer, created on first use and dropped with its last user.
+#[derive(Debug, Default)]
+struct SignerLocks {
+    locks: Mutex<HashMap<(ChainId, Signer), Weak<SignerLock>>>,
+}
+
+impl SignerLocks {
+    async fn lock(&self, chain_id: ChainId, signer: &Signer) -> SignerGuard {
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+            let key = (chain_id, signer.clone());
+            match locks.get(&key).and_then(Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    // The locks nobody holds or waits for any more go.
+                    locks.retain(|_, l| l.strong_count() > 0);
+                    let lock = Arc::new(SignerLock::new(()));
+                    locks.insert(key, Arc::downgrade(&lock));
+                    lock
+                }
+            }
+        };
+        SignerGuard {
+            _held: lock.lock_owned().await,
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter(|l| l.strong_count() > 0)
+            .count()
+    }
+}
+
+/// This task's turn to act for a signer ([`LeaseManager::lock_signer`]), until dropped.
+#[must_use = "the signer is locked only while the guard lives"]
+#[derive(Debug)]
+pub struct SignerGuard {
+    _held: tokio::sync::OwnedMutexGuard<()>,
 }
 
 /// One signer's row of the acquisition statement: the grant (if any) and the previous holder.
@@ -218,7 +275,17 @@ impl LeaseManager {
             role,
             node,
             config,
+            signers: Arc::default(),
         })
+    }
+
+    /// Waits for this process's turn to act for `signer` under this role's lease, and holds it
+    /// until the guard is dropped: a drive takes it for its whole run, so that two drives of one
+    /// signer (by two runtimes of the role on clones of this manager, or by one runtime after a
+    /// batch and in its recovery scan) never run at once. Local to the process: other nodes are
+    /// kept out by the lease itself.
+    pub async fn lock_signer(&self, chain_id: ChainId, signer: &Signer) -> SignerGuard {
+        self.signers.lock(chain_id, signer).await
     }
 
     pub fn node(&self) -> &NodeId {
@@ -483,6 +550,36 @@ impl LeaseManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn one_signer_is_locked_by_one_task_at_a_time_and_others_are_free() {
+        use futures::FutureExt;
+        let locks = SignerLocks::default();
+        let a = Signer::parse("0x00000000000000000000000000000000000000aa").expect("signer");
+        let b = Signer::parse("0x00000000000000000000000000000000000000bb").expect("signer");
+        let held = locks.lock(ChainId(1), &a).await;
+        assert!(
+            locks.lock(ChainId(1), &b).now_or_never().is_some(),
+            "another signer is free"
+        );
+        assert!(
+            locks.lock(ChainId(2), &a).now_or_never().is_some(),
+            "the same address on another chain is free"
+        );
+        assert!(
+            locks.lock(ChainId(1), &a).now_or_never().is_none(),
+            "a second task waits while the first holds the signer"
+        );
+        drop(held);
+        let next = locks.lock(ChainId(1), &a).now_or_never();
+        assert!(next.is_some(), "its turn comes once the first lets go");
+        drop(next);
+        assert_eq!(
+            locks.len(),
+            0,
+            "no lock is kept for signers nobody acts for"
+        );
+    }
 
     #[test]
     fn default_config_is_valid_and_bad_ones_are_refused() {

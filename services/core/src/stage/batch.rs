@@ -100,7 +100,12 @@ impl<H: Handler> StageRuntime<H> {
         }
         let leases = self.leases_for(by_signer.keys().cloned().collect()).await;
 
-        let mut applied = self.apply(&items, &by_signer, &leases).await;
+        // A batch slower than a renewal interval keeps its leases renewed, so that its commit's
+        // lease check finds them current; a lost one is forgotten, and its signer's work is
+        // refused by the fence (or the commit), the others' go on.
+        let renewed: Vec<HeldLease> = leases.values().cloned().collect();
+        let apply = self.apply(&items, &by_signer, &leases);
+        let mut applied = self.while_renewing(renewed, apply).await;
         if !applied.committed {
             // Nothing of the batch was applied: everything comes again.
             applied.outputs.clear();

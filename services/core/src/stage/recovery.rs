@@ -2,6 +2,14 @@
 //! signers whose work committed, and in the recovery scan (on start, on partition assignment and
 //! every `recovery_interval`) for the signers with work in the stage's input states that hash to
 //! this instance's partitions.
+//!
+//! A drive runs alone for its signer in this process ([`LeaseManager::lock_signer`], shared by
+//! the runtimes of one role: the allocator's requests and commands), and keeps the signer's lease
+//! renewed while it runs, so that an RPC endpoint slower than the lease does not make the owner
+//! lose it mid-drive and the next owner repeat the work. A drive whose lease is found lost is
+//! abandoned: its further writes would be fenced.
+//!
+//! [`LeaseManager::lock_signer`]: crate::lease::LeaseManager::lock_signer
 
 use futures::StreamExt;
 use rdkafka::producer::FutureProducer;
@@ -68,19 +76,33 @@ impl<H: Handler> StageRuntime<H> {
 
     /// Drives one signer and produces what it returns. A failure is never retried here: the
     /// recovery scan drives the signer again.
+    ///
+    /// The signer is locked for the whole drive: another drive of it in this process (the other
+    /// runtime of the role, or this one's) waits for its turn and then sees what this one did. Two
+    /// drives at once would both pass the fence (same node, same token): both simulate the same
+    /// requests and both allocate nonces for them, the second's allocation failing on rows the
+    /// first moved. The lease is renewed while the drive runs; if it is lost the drive is dropped.
     async fn drive(&self, producer: &FutureProducer, lease: &HeldLease, recovery: bool) {
-        if recovery {
-            self.relay(producer, lease).await;
-        }
-        let result = self
-            .handler
-            .drive(DriveCtx {
-                lease,
-                pool: &self.pool,
-                recovery,
-            })
-            .await;
-        let signer = &lease.key().signer;
+        let key = lease.key();
+        let signer = &key.signer;
+        let _turn = self.leases.lock_signer(key.chain_id, signer).await;
+        let work = async {
+            if recovery {
+                self.relay(producer, lease).await;
+            }
+            self.handler
+                .drive(DriveCtx {
+                    lease,
+                    pool: &self.pool,
+                    recovery,
+                })
+                .await
+        };
+        let Some(result) = self.unless_lost(lease, work).await else {
+            tracing::warn!(%signer, fencing_token = lease.token().0,
+                "lease lost while driving pending work: the drive is abandoned (its writes would be fenced); the recovery scan retries once the lease is held again");
+            return;
+        };
         match result {
             Ok(outs) => {
                 if !outs.is_empty() {
