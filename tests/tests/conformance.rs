@@ -578,14 +578,14 @@ impl Fixture for SignerGateway {
         vec![topics.tx_signed(), topics.tx_outcomes()]
     }
     fn stage(env: &Env) -> Self::Stage {
-        txflow_signer_gateway::SignStage {
-            config: txflow_signer_gateway::SignerConfig {
+        txflow_signer_gateway::SignStage::new(
+            txflow_signer_gateway::SignerConfig {
                 chain_id: ChainId(CHAIN_ID),
                 topics: env.topics.clone(),
                 policy: Policy::default(),
             },
-            keys: txflow_signer_gateway::Keys::from_signers([env.key.clone()]),
-        }
+            txflow_signer_gateway::Keys::from_signers([env.key.clone()]),
+        )
     }
     async fn message(env: &Env, n: u32) -> TxAllocated {
         let tx_id = env.record(n, "ALLOCATED", Some(n as i64), true).await;

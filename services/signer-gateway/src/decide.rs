@@ -1,7 +1,8 @@
 //! What the signer gateway does with one transaction. Pure: no I/O, no database, no clock; the
 //! handler loads the inputs and carries the decision out.
 //!
-//! The row (read under `FOR UPDATE`) is the truth; the TxAllocated event, when there is one, only
+//! The row is the truth (a decision to sign or fail is recorded only if the row, locked when the
+//! result is written, is still as it was read); the TxAllocated event, when there is one, only
 //! says which transaction to sign and must agree with the row. In order:
 //! 1. no row: an event about it is dead-lettered (`UNKNOWN_TX`); a scan has nothing to do;
 //! 2. the state: ALLOCATED goes on; a state with a persisted attempt re-announces its TxSigned
@@ -16,7 +17,6 @@
 //! Every FAILED here releases the nonce (the move FAIL_ALLOCATED).
 
 use alloy::primitives::{Address, Bytes, U256};
-use alloy::signers::local::PrivateKeySigner;
 use txflow_core::chain::UnsignedTx;
 use txflow_core::domain::{ChainId, Signer, TxPayload};
 use txflow_core::events::{TxAllocated, TxSigned};
@@ -39,19 +39,19 @@ pub struct Input<'a> {
     /// The TxAllocated that asked for it; `None` on a recovery scan.
     pub claimed: Option<&'a TxAllocated>,
     pub policy: &'a Policy,
-    /// This gateway's key for the signer, if it has one.
-    pub key: Option<&'a PrivateKeySigner>,
+    /// Whether this gateway has a key for the signer.
+    pub has_key: bool,
 }
 
 /// What to do with one transaction.
 #[derive(Debug)]
 pub enum Decision<'k> {
-    /// ALLOCATED → SIGNED: sign `tx` with `key`, persist the attempt, announce TxSigned.
+    /// ALLOCATED → SIGNED: sign `tx` with the signer's key, persist the attempt, announce
+    /// TxSigned.
     Sign {
         row: &'k TxRow,
         nonce: i64,
         tx: UnsignedTx,
-        key: &'k PrivateKeySigner,
     },
     /// Signed before: announce the stored TxSigned again (same `event_id`).
     Reannounce,
@@ -138,18 +138,13 @@ pub fn decide<'a>(i: &Input<'a>) -> Decision<'a> {
     if let Some(reason) = refusal(i.policy, row, i.signer, &tx) {
         return fail(FailureCode::PolicyDenied, reason);
     }
-    let Some(key) = i.key else {
+    if !i.has_key {
         return fail(
             FailureCode::NoSigningKey,
             format!("this signer gateway has no key for {}", i.signer),
         );
-    };
-    Decision::Sign {
-        row,
-        nonce,
-        tx,
-        key,
     }
+    Decision::Sign { row, nonce, tx }
 }
 
 /// Why the policy refuses `tx` now, if it does. A no-op (a 0-value self-transfer filling a
@@ -257,8 +252,6 @@ mod tests {
     use super::*;
 
     const SIGNER: &str = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8";
-    /// anvil's second key, whose address is `SIGNER`.
-    const SIGNER_KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
     const DEAD: &str = "0x000000000000000000000000000000000000dead";
     const CHAIN: ChainId = ChainId(31337);
 
@@ -313,7 +306,7 @@ mod tests {
         row: Option<TxRow>,
         claimed: Option<TxAllocated>,
         policy: Policy,
-        key: Option<PrivateKeySigner>,
+        has_key: bool,
     }
 
     impl Case {
@@ -323,7 +316,7 @@ mod tests {
                 row: Some(row()),
                 claimed: Some(event()),
                 policy: policy(&[], None, None),
-                key: Some(SIGNER_KEY.parse().expect("key")),
+                has_key: true,
             }
         }
 
@@ -335,7 +328,7 @@ mod tests {
                 row: self.row.as_ref(),
                 claimed: self.claimed.as_ref(),
                 policy: &self.policy,
-                key: self.key.as_ref(),
+                has_key: self.has_key,
             })
         }
     }
@@ -505,13 +498,13 @@ mod tests {
             ),
             (
                 "no key for the signer",
-                |c| c.key = None,
+                |c| c.has_key = false,
                 Want::Fail(FailureCode::NoSigningKey),
             ),
             (
                 "no key, and the policy refuses: the policy is the reason",
                 |c| {
-                    c.key = None;
+                    c.has_key = false;
                     c.policy = policy(&[SIGNER], None, None);
                 },
                 Want::Fail(FailureCode::PolicyDenied),
@@ -519,7 +512,7 @@ mod tests {
             (
                 "no key, and the event disagrees: the event is dead-lettered",
                 |c| {
-                    c.key = None;
+                    c.has_key = false;
                     c.claimed.as_mut().unwrap().gas_limit = 21_000;
                 },
                 Want::Reject("ALLOCATION_MISMATCH"),
@@ -559,7 +552,7 @@ mod tests {
             // A state with an attempt announces it even if this gateway lost the key.
             let mut c = Case::new();
             c.row.as_mut().unwrap().state = state;
-            c.key = None;
+            c.has_key = false;
             if state.holds_nonce() && state != TxState::Allocated {
                 assert_eq!(outcome(&c.decide(&signer)), Want::Reannounce, "{state}");
             }
@@ -571,11 +564,10 @@ mod tests {
         let signer = Signer::parse(SIGNER).expect("signer");
         let c = Case::new();
         match c.decide(&signer) {
-            Decision::Sign { nonce, tx, key, .. } => {
+            Decision::Sign { nonce, tx, .. } => {
                 assert_eq!(nonce, 7);
                 assert_eq!((tx.chain_id, tx.nonce, tx.gas_limit), (31337, 7, 25_000));
                 assert_eq!(tx.to, DEAD.parse::<Address>().expect("address"));
-                assert_eq!(format!("{:#x}", key.address()), SIGNER);
             }
             other => panic!("{other:?}"),
         }
@@ -588,7 +580,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let mut c = Case::new();
-        c.key = None;
+        c.has_key = false;
         assert_eq!(
             reason(&c),
             format!("this signer gateway has no key for {SIGNER}")

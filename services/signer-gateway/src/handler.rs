@@ -1,38 +1,100 @@
-//! The signer gateway stage: route → load (the rows, locked) → decide ([`crate::decide`]) →
-//! persist ([`crate::store`]) → outputs (TxSigned on `tx.signed`, TxFailed on `tx.outcomes`).
+//! The signer gateway stage: route → load → decide ([`crate::decide`]) → sign, with no database
+//! transaction open → persist ([`crate::store`], fenced) → outputs (TxSigned on `tx.signed`,
+//! TxFailed on `tx.outcomes`).
 //!
-//! A TxAllocated message and the recovery scan run the same path: the message for its one
-//! transaction, the scan for the signer's ALLOCATED transactions in nonce order, set-based.
+//! A signature can take hundreds of milliseconds (a remote signer: a KMS, an HSM), so no
+//! transaction is ever open while one is made: as in the broadcaster, a TxAllocated message writes
+//! nothing. Its batch reads the row, answers what needs no signature (a transaction signed before
+//! re-announces its stored TxSigned, an event that disagrees with the row is dead-lettered) and
+//! hands the rows to sign to the drive that follows the batch's commit. The drive (that one, and
+//! the recovery scan's for every ALLOCATED row of the signer) decides on the rows as read, signs
+//! them in parallel with no transaction open, then records in one short fenced transaction: the
+//! rows locked and compared with what was signed, ALLOCATED → SIGNED with the attempt rows (or
+//! → FAILED, the nonce released), set-based; a row that moved meanwhile is left alone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use sqlx::PgPool;
-use txflow_core::chain::{SignedTx, UnsignedTx, sign};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use txflow_core::chain::{SignedTx, UnsignedTx};
 use txflow_core::codec::Subjects;
 use txflow_core::domain::{ChainId, Signer};
 use txflow_core::events::{TxAllocated, TxFailed, TxSigned};
 use txflow_core::failure::{FailureCode, truncate_reason};
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
+use txflow_core::lease::LeaseKey;
+use txflow_core::retry::Classify;
 use txflow_core::role::Role;
 use txflow_core::stage::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
+use txflow_core::state::TxState;
 use txflow_core::txstore::TxRow;
 use uuid::Uuid;
 
 use crate::config::SignerConfig;
 use crate::decide::{self, Decision, Input};
-use crate::keys::Keys;
+use crate::keys::{Keys, SigningError, TxSigner};
 use crate::store::{self, Failing, Signing};
+
+/// How many signatures of one signer are in progress at once: a remote signer's latency is paid
+/// once per this many transactions, not once per transaction.
+pub const SIGN_CONCURRENCY: usize = 16;
+
+/// The rows messages asked to have signed, by signer (as their batch read them, by id).
+type Asked = HashMap<(ChainId, Signer), HashMap<Uuid, TxRow>>;
 
 /// The signer gateway's stage: its settings and its keys.
 pub struct SignStage {
     pub config: SignerConfig,
     pub keys: Keys,
+    /// What the drive right after a batch signs: the rows its messages asked for. A hint only:
+    /// the drive decides again on each row and records only what PostgreSQL still holds as read,
+    /// and the recovery scan signs every ALLOCATED row whatever is here.
+    asked: Mutex<Asked>,
 }
 
 impl SignStage {
     pub fn new(config: SignerConfig, keys: Keys) -> SignStage {
-        SignStage { config, keys }
+        SignStage {
+            config,
+            keys,
+            asked: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Hands rows to the signer's next drive.
+    fn ask(&self, key: (ChainId, Signer), rows: Vec<TxRow>) {
+        if rows.is_empty() {
+            return;
+        }
+        // A poisoned lock only means a panic elsewhere while it was held; the map is still whole.
+        let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = asked.entry(key).or_default();
+        for row in rows {
+            mine.insert(row.tx_id, row);
+        }
+    }
+
+    /// The rows handed to the signer's drive, in nonce order; forgotten here.
+    fn take_asked(&self, key: &LeaseKey) -> Vec<TxRow> {
+        let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rows: Vec<TxRow> = asked
+            .remove(&(key.chain_id, key.signer.clone()))
+            .map(|m| m.into_values().collect())
+            .unwrap_or_default();
+        rows.sort_by_key(|r| (r.nonce, r.tx_id));
+        rows
+    }
+}
+
+impl std::fmt::Debug for SignStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignStage")
+            .field("config", &self.config)
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
     }
 }
 
@@ -64,177 +126,64 @@ impl Handler for SignStage {
         }
     }
 
-    /// All of a signer's TxAllocated of a batch: their rows locked and decided together, the
-    /// signatures and failures written with one statement each.
+    /// All of a signer's TxAllocated of a batch: their rows read and decided together. Writes
+    /// nothing and signs nothing (the batch's transaction is open): a transaction signed before
+    /// is announced again, one to sign or to fail is handed to the drive after the commit.
     async fn handle_batch(&self, w: &mut Fenced<'_>, inputs: &[&TxAllocated]) -> BatchResults {
-        let mut requests = Vec::with_capacity(inputs.len());
-        let mut invalid = Vec::new();
-        for (k, a) in inputs.iter().enumerate() {
-            match Uuid::parse_str(&a.tx_id) {
-                Ok(tx_id) => requests.push((tx_id, Some(*a))),
-                Err(_) => invalid.push(k),
-            }
-        }
-        let mut answered = self.sign_recorded(w, &requests).await?.into_iter();
-        Ok((0..inputs.len())
-            .map(|k| {
-                if invalid.contains(&k) {
-                    Err(HandlerError::Reject(Rejection::new(
-                        "INVALID_TX_ID",
-                        format!("{:?} is not a transaction id", inputs[k].tx_id),
-                    )))
-                } else {
-                    answered.next().unwrap_or_else(|| Ok(Vec::new()))
-                }
-            })
-            .collect())
-    }
-
-    async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-        store::pending_signers(pool, self.config.chain_id).await
-    }
-
-    /// On the recovery scan (start, assignment, every few seconds), signs the signer's ALLOCATED
-    /// transactions straight from PostgreSQL, in nonce order: what recovers a TxAllocated event
-    /// that was never produced (a crash between the allocator's commit and its produce) or that a
-    /// broker lost.
-    async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
-        // Right after a batch, the rows the allocator committed next are on their way as events:
-        // signing them here would only sign ahead of their events and announce each twice.
-        if !ctx.recovery {
-            return Ok(Vec::new());
-        }
-        let rows = store::allocated(ctx.pool, ctx.lease.key()).await?;
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let requests: Vec<(Uuid, Option<&TxAllocated>)> =
-            rows.iter().map(|r| (r.tx_id, None)).collect();
-        let mut tx = ctx.lease.begin(ctx.pool).await?;
-        let answered = self.sign_recorded(&mut tx.writer(), &requests).await?;
-        tx.commit().await?;
-        // No event claims anything here, so nothing is rejected.
-        let mut outputs = Vec::new();
-        for a in answered {
-            outputs.extend(a?);
-        }
-        Ok(outputs)
-    }
-}
-
-/// What became of one requested transaction, in request order.
-enum Step {
-    Signed(Signing),
-    Failed(Failing),
-    Reannounce(Uuid),
-    Nothing,
-    Rejected(Rejection),
-    /// The same transaction as an earlier request of the batch (an event delivered twice): the
-    /// same announcement as that one's.
-    Same(usize),
-}
-
-impl SignStage {
-    /// Signs the requested transactions as PostgreSQL records them. Each request names a
-    /// transaction and, for a message, the event that asked for it (which must agree with the
-    /// row). Outputs come in request order.
-    async fn sign_recorded(
-        &self,
-        w: &mut Fenced<'_>,
-        requests: &[(Uuid, Option<&TxAllocated>)],
-    ) -> Result<Vec<Result<Vec<Output>, HandlerError>>, HandlerError> {
         let lease_key = w.lease().key().clone();
-        let token = w.lease().token().0;
-        let ids: Vec<Uuid> = requests.iter().map(|(id, _)| *id).collect();
+        let mut requests = Vec::with_capacity(inputs.len());
+        for a in inputs {
+            requests.push(Uuid::parse_str(&a.tx_id).ok().map(|id| (id, *a)));
+        }
+        let ids: Vec<Uuid> = requests.iter().flatten().map(|(id, _)| *id).collect();
 
-        // Load: the row is the truth, locked so that the event and the scan never sign it twice.
+        // Load: the row is the truth (the event only says which transaction). Locked in nonce
+        // order, as every transaction of the gateway takes them, for the batch's transaction,
+        // which holds no signature.
         let rows = store::lock(w, &ids).await?;
         let by_id: HashMap<Uuid, &TxRow> = rows.iter().map(|r| (r.tx_id, r)).collect();
-        let key = self.keys.get(&lease_key.signer);
+        let has_key = self.keys.get(&lease_key.signer).is_some();
 
-        // Decide, and sign what is to be signed (local keys: no I/O).
-        let at = At {
-            chain_id: lease_key.chain_id,
-            signer: &lease_key.signer,
-            token,
-        };
+        // Decide.
+        enum Step {
+            Invalid,
+            Rejected(Rejection),
+            Reannounce(Uuid),
+            /// Nothing now: nothing to do, or announced by the drive after the commit.
+            Later,
+        }
         let mut steps = Vec::with_capacity(requests.len());
-        let mut decided: HashMap<Uuid, usize> = HashMap::new();
-        for (k, &(tx_id, claimed)) in requests.iter().enumerate() {
-            if let Some(&first) = decided.get(&tx_id) {
-                steps.push(Step::Same(first));
+        let mut asked = Vec::new();
+        let mut seen = HashSet::new();
+        for request in &requests {
+            let Some((tx_id, claimed)) = *request else {
+                steps.push(Step::Invalid);
                 continue;
-            }
-            decided.insert(tx_id, k);
+            };
             let row = by_id.get(&tx_id).copied();
             let decision = decide::decide(&Input {
                 tx_id,
                 chain_id: lease_key.chain_id,
                 signer: &lease_key.signer,
                 row,
-                claimed,
+                claimed: Some(claimed),
                 policy: &self.config.policy,
-                key,
+                has_key,
             });
             steps.push(match decision {
                 Decision::Reject(r) => Step::Rejected(r),
-                Decision::Nothing => Step::Nothing,
                 Decision::Reannounce => Step::Reannounce(tx_id),
-                Decision::Sign {
-                    row,
-                    nonce,
-                    tx,
-                    key,
-                } => match sign(key, &tx) {
-                    Ok(signed) => Step::Signed(at.signing(row, nonce, &tx, signed)),
-                    Err(e) => Step::Failed(at.failing(
-                        row,
-                        nonce,
-                        FailureCode::SigningFailed,
-                        &e.to_string(),
-                    )),
-                },
-                Decision::Fail {
-                    row,
-                    nonce,
-                    code,
-                    reason,
-                } => Step::Failed(at.failing(row, nonce, code, &reason)),
+                Decision::Nothing => Step::Later,
+                Decision::Sign { row, .. } | Decision::Fail { row, .. } => {
+                    if seen.insert(tx_id) {
+                        asked.push(row.clone());
+                    }
+                    Step::Later
+                }
             });
         }
 
-        // Persist: the attempts' numbers, then one statement per transition.
-        let to_sign: Vec<Uuid> = steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Signed(s) => Some(s.tx_id),
-                _ => None,
-            })
-            .collect();
-        let highest = store::highest_attempts(w, &to_sign).await?;
-        let mut signings = Vec::new();
-        let mut failings = Vec::new();
-        for step in &mut steps {
-            match step {
-                Step::Signed(s) => {
-                    s.event.attempt = decide::next_attempt(highest.get(&s.tx_id).copied());
-                    signings.push(s.clone());
-                }
-                Step::Failed(f) => failings.push(f.clone()),
-                Step::Reannounce(_) | Step::Nothing | Step::Rejected(_) | Step::Same(_) => {}
-            }
-        }
-        store::sign(w, &signings).await?;
-        store::fail_allocated(w, &failings).await?;
-        for f in &failings {
-            tracing::warn!(
-                tx_id = %f.tx_id,
-                nonce = f.event.nonce,
-                code = f.code.as_str(),
-                reason = %f.event.reason,
-                "the transaction cannot be signed: failed, nonce released"
-            );
-        }
+        // The stored announcements of the transactions signed before.
         let to_reannounce: Vec<Uuid> = steps
             .iter()
             .filter_map(|s| match s {
@@ -246,50 +195,292 @@ impl SignStage {
         for (tx_id, e) in store::signed_events(w, &to_reannounce).await? {
             stored.entry(tx_id).or_default().push(e);
         }
+        let latest: HashMap<Uuid, TxSigned> = stored
+            .into_iter()
+            .filter_map(|(id, all)| decide::latest_signed(all).map(|e| (id, e)))
+            .collect();
+        self.ask((lease_key.chain_id, lease_key.signer.clone()), asked);
 
-        // Outputs, one list per request.
-        let key = signer_key(lease_key.chain_id.0, lease_key.signer.as_str());
-        let topics = &self.config.topics;
-        let signed =
-            |e: TxSigned| Output::new(topics.tx_signed(), Subjects::TopicName, key.clone(), e);
-        let failed = |e: TxFailed| {
-            Output::new(
-                topics.tx_outcomes(),
-                Subjects::TopicRecordName,
-                key.clone(),
-                e,
-            )
-        };
-        let event_of = |step: &Step| -> Option<Result<TxSigned, TxFailed>> {
-            match step {
-                Step::Signed(s) => Some(Ok(s.event.clone())),
-                Step::Failed(f) => Some(Err(f.event.clone())),
-                Step::Reannounce(tx_id) => stored
-                    .get(tx_id)
+        let outputs = Outputs::new(&self.config, &lease_key);
+        Ok(steps
+            .into_iter()
+            .zip(inputs)
+            .map(|(step, a)| match step {
+                Step::Invalid => Err(HandlerError::Reject(Rejection::new(
+                    "INVALID_TX_ID",
+                    format!("{:?} is not a transaction id", a.tx_id),
+                ))),
+                Step::Rejected(r) => Err(HandlerError::Reject(r)),
+                Step::Reannounce(tx_id) => Ok(latest
+                    .get(&tx_id)
                     .cloned()
-                    .and_then(decide::latest_signed)
-                    .map(Ok),
-                Step::Nothing | Step::Rejected(_) | Step::Same(_) => None,
+                    .map(|e| vec![outputs.signed(e)])
+                    .unwrap_or_default()),
+                Step::Later => Ok(Vec::new()),
+            })
+            .collect())
+    }
+
+    async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+        store::pending_signers(pool, self.config.chain_id).await
+    }
+
+    /// Signs what there is to sign for the signer, with no transaction open, and records it
+    /// fenced: right after a batch, the rows its messages asked for; on the recovery scan (start,
+    /// assignment, every few seconds), every ALLOCATED row of the signer, in nonce order — what
+    /// recovers a TxAllocated that was never produced (a crash between the allocator's commit and
+    /// its produce) or that a broker lost, or a drive that did not finish.
+    ///
+    /// Right after a batch only the asked rows: the rows the allocator committed next are on
+    /// their way as events, and signing them ahead of their events would announce each twice.
+    async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+        let asked = self.take_asked(ctx.lease.key());
+        let rows = if ctx.recovery {
+            store::allocated(ctx.pool, ctx.lease.key()).await?
+        } else {
+            asked
+        };
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.sign_rows(&ctx, rows).await
+    }
+}
+
+/// One row to sign: the row as read and the transaction it holds.
+struct ToSign<'r> {
+    row: &'r TxRow,
+    nonce: i64,
+    tx: UnsignedTx,
+}
+
+impl SignStage {
+    /// Decides on `rows` (as read, ALLOCATED ones of the lease's signer), signs those to sign with
+    /// no transaction open, then records the signatures and failures in one fenced transaction.
+    /// The outputs of the rows that moved, in nonce order.
+    async fn sign_rows(
+        &self,
+        ctx: &DriveCtx<'_>,
+        rows: Vec<TxRow>,
+    ) -> Result<Vec<Output>, HandlerError> {
+        let lease_key = ctx.lease.key();
+        let key = self.keys.get(&lease_key.signer).cloned();
+        let at = At {
+            chain_id: lease_key.chain_id,
+            signer: &lease_key.signer,
+            token: ctx.lease.token().0,
+        };
+
+        // Decide, on the rows as read.
+        let mut to_sign = Vec::new();
+        let mut failings = Vec::new();
+        for row in &rows {
+            match decide::decide(&Input {
+                tx_id: row.tx_id,
+                chain_id: lease_key.chain_id,
+                signer: &lease_key.signer,
+                row: Some(row),
+                claimed: None,
+                policy: &self.config.policy,
+                has_key: key.is_some(),
+            }) {
+                Decision::Sign { row, nonce, tx } => to_sign.push(ToSign { row, nonce, tx }),
+                Decision::Fail {
+                    row,
+                    nonce,
+                    code,
+                    reason,
+                } => failings.push(at.failing(row, nonce, code, &reason)),
+                // Not ALLOCATED (any more): nothing to sign, and no message to answer here.
+                Decision::Reannounce | Decision::Nothing | Decision::Reject(_) => {}
+            }
+        }
+
+        // Sign, with no transaction open. Alloy's local signer is deterministic (RFC 6979): the
+        // same unsigned transaction always gives the same bytes, so a signature made twice (a
+        // drive whose recording was fenced or crashed, then the next owner's) is the same
+        // transaction. That makes a repeated signature harmless, nothing more: what is announced
+        // and sent is only ever the attempt recorded under the current lease by the
+        // compare-and-set below, whatever a signer gives (a remote one need not be
+        // deterministic), and a signature that is not recorded is dropped.
+        let mut signings = Vec::new();
+        let mut unavailable: Option<SigningError> = None;
+        if let Some(key) = &key {
+            for (s, result) in sign_all(key, to_sign).await {
+                match result {
+                    Ok(signed) => signings.push(at.signing(s.row, s.nonce, &s.tx, signed)),
+                    Err(e) if e.is_transient() => {
+                        tracing::warn!(signer = %lease_key.signer, nonce = s.nonce, error = %chain(&e), "the signer is unavailable; the recovery scan signs the transaction later");
+                        unavailable.get_or_insert(e);
+                    }
+                    Err(e) => failings.push(at.failing(
+                        s.row,
+                        s.nonce,
+                        FailureCode::SigningFailed,
+                        &chain(&e),
+                    )),
+                }
+            }
+        }
+        if signings.is_empty() && failings.is_empty() {
+            return match unavailable {
+                Some(e) => Err(HandlerError::classified("signing", e)),
+                None => Ok(Vec::new()),
+            };
+        }
+        self.record(ctx, &rows, signings, failings).await
+    }
+
+    /// Records signatures and failures decided on `read` in one short fenced transaction: the
+    /// rows locked, those no longer as read (moved, re-allocated, changed) left alone, the
+    /// attempt numbers read, then ALLOCATED → SIGNED with the attempt rows and ALLOCATED → FAILED
+    /// with the nonces released, one statement each. The outputs of the rows that moved.
+    async fn record(
+        &self,
+        ctx: &DriveCtx<'_>,
+        read: &[TxRow],
+        mut signings: Vec<Signing>,
+        mut failings: Vec<Failing>,
+    ) -> Result<Vec<Output>, HandlerError> {
+        let as_read: HashMap<Uuid, &TxRow> = read.iter().map(|r| (r.tx_id, r)).collect();
+        let ids: Vec<Uuid> = signings
+            .iter()
+            .map(|s| s.tx_id)
+            .chain(failings.iter().map(|f| f.tx_id))
+            .collect();
+        let mut tx = ctx.lease.begin(ctx.pool).await?;
+        let (signed, failed) = {
+            let mut w = tx.writer();
+            let now = store::lock(&mut w, &ids).await?;
+            let unchanged: HashSet<Uuid> = now
+                .iter()
+                .filter(|r| {
+                    r.state == TxState::Allocated
+                        && as_read.get(&r.tx_id).is_some_and(|was| {
+                            was.state == r.state && was.nonce == r.nonce && was.payload == r.payload
+                        })
+                })
+                .map(|r| r.tx_id)
+                .collect();
+            signings.retain(|s| unchanged.contains(&s.tx_id));
+            failings.retain(|f| unchanged.contains(&f.tx_id));
+            if signings.is_empty() && failings.is_empty() {
+                (HashSet::new(), HashSet::new())
+            } else {
+                let to_sign: Vec<Uuid> = signings.iter().map(|s| s.tx_id).collect();
+                let highest = store::highest_attempts(&mut w, &to_sign).await?;
+                for s in &mut signings {
+                    s.event.attempt = decide::next_attempt(highest.get(&s.tx_id).copied());
+                }
+                let signed = store::sign(&mut w, &signings).await?;
+                let failed = store::fail_allocated(&mut w, &failings).await?;
+                (signed, failed)
             }
         };
-        let mut results = Vec::with_capacity(steps.len());
-        for step in &steps {
-            let event = match step {
-                Step::Rejected(r) => {
-                    results.push(Err(HandlerError::Reject(r.clone())));
-                    continue;
-                }
-                Step::Same(first) => event_of(&steps[*first]),
-                other => event_of(other),
-            };
-            results.push(Ok(match event {
-                Some(Ok(e)) => vec![signed(e)],
-                Some(Err(e)) => vec![failed(e)],
-                None => Vec::new(),
-            }));
+        if signed.is_empty() && failed.is_empty() {
+            tx.rollback().await?;
+            return Ok(Vec::new());
         }
         txflow_core::fault::point(txflow_core::fault::SIGNER_BEFORE_COMMIT);
-        Ok(results)
+        tx.commit().await?;
+
+        let outputs = Outputs::new(&self.config, ctx.lease.key());
+        let mut announced: Vec<(i64, Output)> = Vec::new();
+        for s in signings.into_iter().filter(|s| signed.contains(&s.tx_id)) {
+            announced.push((s.event.nonce, outputs.signed(s.event)));
+        }
+        for f in failings.into_iter().filter(|f| failed.contains(&f.tx_id)) {
+            tracing::warn!(
+                tx_id = %f.tx_id,
+                nonce = f.event.nonce,
+                code = f.code.as_str(),
+                reason = %f.event.reason,
+                "the transaction cannot be signed: failed, nonce released"
+            );
+            announced.push((f.event.nonce.unwrap_or_default(), outputs.failed(f.event)));
+        }
+        announced.sort_by_key(|(nonce, _)| *nonce);
+        Ok(announced.into_iter().map(|(_, o)| o).collect())
+    }
+}
+
+/// Signs every transaction of `to_sign` with `key`, at most [`SIGN_CONCURRENCY`] at once. A
+/// signature whose task panicked is left out (its row stays ALLOCATED for the recovery scan).
+async fn sign_all<'r>(
+    key: &Arc<dyn TxSigner>,
+    to_sign: Vec<ToSign<'r>>,
+) -> Vec<(ToSign<'r>, Result<SignedTx, SigningError>)> {
+    let limit = Arc::new(Semaphore::new(SIGN_CONCURRENCY));
+    let mut tasks = JoinSet::new();
+    for (k, s) in to_sign.iter().enumerate() {
+        let (key, limit, tx) = (key.clone(), limit.clone(), s.tx.clone());
+        tasks.spawn(async move {
+            // The semaphore is never closed.
+            let _permit = limit.acquire_owned().await;
+            (k, key.sign(&tx).await)
+        });
+    }
+    let mut results: Vec<Option<Result<SignedTx, SigningError>>> =
+        to_sign.iter().map(|_| None).collect();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((k, result)) => {
+                if let Some(slot) = results.get_mut(k) {
+                    *slot = Some(result);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "a signature task failed"),
+        }
+    }
+    to_sign
+        .into_iter()
+        .zip(results)
+        .filter_map(|(s, r)| r.map(|r| (s, r)))
+        .collect()
+}
+
+/// `e` and its sources, `": "`-separated.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The announcements of one signer: TxSigned on `tx.signed`, TxFailed on `tx.outcomes`.
+struct Outputs<'c> {
+    config: &'c SignerConfig,
+    key: String,
+}
+
+impl<'c> Outputs<'c> {
+    fn new(config: &'c SignerConfig, lease: &LeaseKey) -> Outputs<'c> {
+        Outputs {
+            config,
+            key: signer_key(lease.chain_id.0, lease.signer.as_str()),
+        }
+    }
+
+    fn signed(&self, e: TxSigned) -> Output {
+        Output::new(
+            self.config.topics.tx_signed(),
+            Subjects::TopicName,
+            self.key.clone(),
+            e,
+        )
+    }
+
+    fn failed(&self, e: TxFailed) -> Output {
+        Output::new(
+            self.config.topics.tx_outcomes(),
+            Subjects::TopicRecordName,
+            self.key.clone(),
+            e,
+        )
     }
 }
 

@@ -2,15 +2,77 @@
 //! encrypted JSON keystores (`TXFLOW_SIGNER_KEYSTORE`, a file or a directory of them, with the
 //! password in `TXFLOW_SIGNER_KEYSTORE_PASSWORD_FILE`). A key is never logged, printed or put in an
 //! error: errors name the position or the file, and `Debug` shows addresses only.
+//!
+//! Every key is a [`TxSigner`]: alloy's local signer here, and the seam for a remote one (a KMS or
+//! an HSM, whose signature takes hundreds of milliseconds). The gateway calls it with no database
+//! transaction open.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
 
+use alloy::primitives::Address;
 use alloy::signers::local::PrivateKeySigner;
+use txflow_core::chain::{SignError, SignedTx, UnsignedTx};
 use txflow_core::config::Config;
 use txflow_core::domain::Signer;
 use txflow_core::retry::{Classify, Retry};
 use txflow_core::role::RoleError;
+
+/// A signature on its way.
+pub type SignFuture<'a> = Pin<Box<dyn Future<Output = Result<SignedTx, SigningError>> + Send + 'a>>;
+
+/// The key of one signer, wherever it is kept.
+pub trait TxSigner: Send + Sync + 'static {
+    /// The address it signs for.
+    fn address(&self) -> Address;
+
+    /// Signs `tx` (EIP-1559): its hash and EIP-2718 bytes.
+    fn sign<'a>(&'a self, tx: &'a UnsignedTx) -> SignFuture<'a>;
+}
+
+/// Alloy's local signer. Deterministic (RFC 6979): the same unsigned transaction always gives the
+/// same bytes.
+impl TxSigner for PrivateKeySigner {
+    fn address(&self) -> Address {
+        alloy::signers::Signer::address(self)
+    }
+
+    fn sign<'a>(&'a self, tx: &'a UnsignedTx) -> SignFuture<'a> {
+        Box::pin(std::future::ready(
+            txflow_core::chain::sign(self, tx).map_err(SigningError::from),
+        ))
+    }
+}
+
+/// Why a signature was not made. Never carries key material.
+#[derive(Debug, thiserror::Error)]
+pub enum SigningError {
+    /// The key cannot sign this transaction: signing it again fails the same way.
+    #[error("the key refused to sign")]
+    Refused(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The signer could not be reached or did not answer in time (a remote signer): the
+    /// transaction stays as it is and is signed later.
+    #[error("the signer is unavailable")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl From<SignError> for SigningError {
+    fn from(e: SignError) -> SigningError {
+        SigningError::Refused(Box::new(e))
+    }
+}
+
+impl Classify for SigningError {
+    fn retry(&self) -> Retry {
+        match self {
+            SigningError::Refused(_) => Retry::Permanent,
+            SigningError::Unavailable(_) => Retry::Transient,
+        }
+    }
+}
 
 /// Why the keys could not be loaded. Never carries key material.
 #[derive(Debug, thiserror::Error)]
@@ -56,13 +118,15 @@ impl From<KeyError> for RoleError {
     }
 }
 
-/// Local keys by address.
+/// The keys by address.
 #[derive(Clone, Default)]
-pub struct Keys(HashMap<Signer, PrivateKeySigner>);
+pub struct Keys(HashMap<Signer, Arc<dyn TxSigner>>);
 
 impl std::fmt::Debug for Keys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.0.keys()).finish()
+        let mut a: Vec<&Signer> = self.0.keys().collect();
+        a.sort();
+        f.debug_list().entries(a).finish()
     }
 }
 
@@ -143,15 +207,25 @@ impl Keys {
         Ok(keys)
     }
 
+    /// Local keys.
     pub fn from_signers(list: impl IntoIterator<Item = PrivateKeySigner>) -> Keys {
+        Keys::from_tx_signers(list.into_iter().map(|s| Arc::new(s) as Arc<dyn TxSigner>))
+    }
+
+    /// Keys kept anywhere (a remote signer, or a test's instrumented one).
+    pub fn from_tx_signers(list: impl IntoIterator<Item = Arc<dyn TxSigner>>) -> Keys {
         let mut keys = Keys::default();
         for s in list {
-            keys.insert(s);
+            keys.insert_signer(s);
         }
         keys
     }
 
     fn insert(&mut self, s: PrivateKeySigner) {
+        self.insert_signer(Arc::new(s));
+    }
+
+    fn insert_signer(&mut self, s: Arc<dyn TxSigner>) {
         // Alloy's address is always a valid 20-byte address.
         if let Ok(a) = Signer::parse(&format!("{:#x}", s.address())) {
             self.0.insert(a, s);
@@ -162,7 +236,8 @@ impl Keys {
         self.0.extend(other.0);
     }
 
-    pub fn get(&self, s: &Signer) -> Option<&PrivateKeySigner> {
+    /// The key of `s`, if this gateway has one.
+    pub fn get(&self, s: &Signer) -> Option<&Arc<dyn TxSigner>> {
         self.0.get(s)
     }
 

@@ -9,6 +9,11 @@
 //! and its nonce is released to `recycled_nonces` for the signer's next request; so is a
 //! transaction that cannot be signed at all (no key for its signer, a signing failure).
 //!
+//! No database transaction is open while a transaction is signed (a remote signer, a KMS or an
+//! HSM behind [`keys::TxSigner`], takes hundreds of milliseconds): a TxAllocated message writes
+//! nothing, and the drive after its batch reads the rows, signs them in parallel, then records the
+//! signatures in one short fenced transaction (a row that moved meanwhile is left alone).
+//!
 //! Signing is driven by PostgreSQL as well as by events: the recovery scan signs every ALLOCATED
 //! transaction of the signers this instance owns, so a TxAllocated that was never produced (a
 //! crash between the allocator's commit and its produce) or that the broker lost delays nothing.
@@ -27,7 +32,7 @@ pub mod store;
 
 pub use config::SignerConfig;
 pub use handler::SignStage;
-pub use keys::{KeyError, Keys};
+pub use keys::{KeyError, Keys, SigningError, TxSigner};
 
 use tokio_util::sync::CancellationToken;
 use txflow_core::deps::Deps;

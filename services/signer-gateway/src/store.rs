@@ -5,7 +5,7 @@
 //!
 //! No state name is written here as SQL text: states are bound from `TxState`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sqlx::PgPool;
 use txflow_core::domain::{ChainId, Signer};
@@ -104,11 +104,12 @@ fn encoded(
     })
 }
 
-/// ALLOCATED → SIGNED for every row (each must still hold the nonce it was signed with), and the
-/// attempt rows, in the caller's transaction.
-pub async fn sign(w: &mut Fenced<'_>, rows: &[Signing]) -> Result<(), StoreError> {
+/// ALLOCATED → SIGNED for the rows still ALLOCATED at the nonce they were signed with, and the
+/// attempt rows of those, in the caller's transaction. Returns the rows that moved; a row that
+/// moved meanwhile is left alone (no attempt is written for it).
+pub async fn sign(w: &mut Fenced<'_>, rows: &[Signing]) -> Result<HashSet<Uuid>, StoreError> {
     if rows.is_empty() {
-        return Ok(());
+        return Ok(HashSet::new());
     }
     let moves = rows
         .iter()
@@ -122,12 +123,21 @@ pub async fn sign(w: &mut Fenced<'_>, rows: &[Signing]) -> Result<(), StoreError
             Ok(m)
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    txstore::apply_all(w, SIGN, &moves).await?;
-    record_attempts(w, rows).await
+    let landed: HashSet<Uuid> = txstore::apply(w, SIGN, &moves)
+        .await?
+        .into_iter()
+        .map(|l| l.tx_id)
+        .collect();
+    let moved: Vec<&Signing> = rows.iter().filter(|r| landed.contains(&r.tx_id)).collect();
+    record_attempts(w, &moved).await?;
+    Ok(landed)
 }
 
 /// The attempt rows of transactions that just moved to SIGNED: one fenced statement.
-async fn record_attempts(w: &mut Fenced<'_>, rows: &[Signing]) -> Result<(), StoreError> {
+async fn record_attempts(w: &mut Fenced<'_>, rows: &[&Signing]) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
     let ids: Vec<Uuid> = rows.iter().map(|r| r.tx_id).collect();
     let attempts: Vec<i32> = rows.iter().map(|r| r.event.attempt).collect();
     let hashes: Vec<&str> = rows.iter().map(|r| r.event.tx_hash.as_str()).collect();
@@ -163,11 +173,14 @@ async fn record_attempts(w: &mut Fenced<'_>, rows: &[Signing]) -> Result<(), Sto
     Ok(())
 }
 
-/// ALLOCATED → FAILED for every row (each must still hold its nonce), the nonces released to
-/// `recycled_nonces` by the move itself.
-pub async fn fail_allocated(w: &mut Fenced<'_>, rows: &[Failing]) -> Result<(), StoreError> {
+/// ALLOCATED → FAILED for the rows still ALLOCATED at their nonce, the nonces released to
+/// `recycled_nonces` by the move itself. Returns the rows that moved.
+pub async fn fail_allocated(
+    w: &mut Fenced<'_>,
+    rows: &[Failing],
+) -> Result<HashSet<Uuid>, StoreError> {
     if rows.is_empty() {
-        return Ok(());
+        return Ok(HashSet::new());
     }
     let moves = rows
         .iter()
@@ -182,12 +195,15 @@ pub async fn fail_allocated(w: &mut Fenced<'_>, rows: &[Failing]) -> Result<(), 
             Ok(m)
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    txstore::apply_all(w, FAIL_ALLOCATED, &moves).await?;
-    Ok(())
+    Ok(txstore::apply(w, FAIL_ALLOCATED, &moves)
+        .await?
+        .into_iter()
+        .map(|l| l.tx_id)
+        .collect())
 }
 
-/// These transactions of the writer's signer, locked for the rest of the transaction (the event
-/// and the recovery scan never sign the same row at once).
+/// These transactions of the writer's signer, locked for the rest of the transaction, in nonce
+/// order (every transaction of the gateway takes them in that order).
 pub async fn lock(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<Vec<TxRow>, StoreError> {
     Ok(txstore::lock_rows(w, tx_ids).await?)
 }
@@ -239,7 +255,7 @@ pub async fn signed_events(
 }
 
 /// The signer's ALLOCATED transactions in nonce order, at most [`SCAN_LIMIT`], outside any
-/// transaction: what a recovery scan signs.
+/// transaction: what a recovery scan signs (with no transaction open).
 pub async fn allocated(pool: &PgPool, key: &LeaseKey) -> Result<Vec<TxRow>, StoreError> {
     Ok(txstore::rows_in_states(pool, key.chain_id, &key.signer, &DRIVEN, true, SCAN_LIMIT).await?)
 }
