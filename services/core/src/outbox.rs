@@ -21,8 +21,8 @@ use crate::domain::{ChainId, Role, Signer};
 use crate::events::{Event, TxAllocated, TxFailed, TxSigned, TxSubmitted};
 use crate::kafka::{Topics, signer_key};
 use crate::lease::LeaseKey;
-use crate::retry::{Classify, Retry};
 use crate::output::Output;
+use crate::retry::{Classify, Retry};
 
 pub use txflow_domain::events::ANNOUNCED;
 

@@ -74,4 +74,3 @@ impl<E: Event> ErasedEvent for Typed<E> {
         Box::pin(codec.encode(topic, self.subjects, &self.event))
     }
 }
-
