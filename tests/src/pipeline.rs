@@ -138,16 +138,30 @@ impl Pipeline {
         Deps::connect(config, stages).await.expect("clients")
     }
 
-    /// Every stage of [`Role::PIPELINE`] in this process, with `config` (the allocator as node
-    /// `alloc-1`).
+    /// The stages of [`Role::SUBMISSION`] (request → SUBMITTED) in this process, with `config`
+    /// (the allocator as node `alloc-1`); [`Pipeline::start_all_stages`] adds finality.
     pub async fn start_stages(&mut self, config: &Config) {
+        for role in Role::SUBMISSION {
+            self.start_role(role, config).await;
+        }
+    }
+
+    /// Every stage of [`Role::PIPELINE`], finality included (the receipt checker and the
+    /// confirmation manager), with `config`.
+    pub async fn start_all_stages(&mut self, config: &Config) {
         for role in Role::PIPELINE {
-            match role {
-                Role::Allocator => self.start_allocator(config, "alloc-1").await,
-                Role::SignerGateway => self.start_signer_gateway(config).await,
-                Role::Broadcaster => self.start_broadcaster(config).await,
-                other => panic!("{other} is in Role::PIPELINE but the harness cannot start it"),
-            }
+            self.start_role(role, config).await;
+        }
+    }
+
+    async fn start_role(&mut self, role: Role, config: &Config) {
+        match role {
+            Role::Allocator => self.start_allocator(config, "alloc-1").await,
+            Role::SignerGateway => self.start_signer_gateway(config).await,
+            Role::Broadcaster => self.start_broadcaster(config).await,
+            Role::ReceiptChecker => self.start_receipt_checker(config).await,
+            Role::ConfirmationManager => self.start_confirmation_manager(config).await,
+            other => panic!("{other} is in Role::PIPELINE but the harness cannot start it"),
         }
     }
 
@@ -216,6 +230,31 @@ impl Pipeline {
         let t = self.shutdown.clone();
         self.tasks.push(tokio::spawn(async move {
             b.run(t).await.expect("broadcaster runs")
+        }));
+    }
+
+    /// The receipt checker in this process.
+    pub async fn start_receipt_checker(&mut self, config: &Config) {
+        let deps = Self::deps(config, 1).await;
+        let r = txflow_receipt_checker::runtime(&deps, NodeId::named("receipts-1"), Self::lease())
+            .await
+            .expect("receipt checker");
+        let t = self.shutdown.clone();
+        self.tasks.push(tokio::spawn(async move {
+            r.run(t).await.expect("receipt checker runs")
+        }));
+    }
+
+    /// The confirmation manager in this process.
+    pub async fn start_confirmation_manager(&mut self, config: &Config) {
+        let deps = Self::deps(config, 1).await;
+        let c =
+            txflow_confirmation_manager::runtime(&deps, NodeId::named("confirm-1"), Self::lease())
+                .await
+                .expect("confirmation manager");
+        let t = self.shutdown.clone();
+        self.tasks.push(tokio::spawn(async move {
+            c.run(t).await.expect("confirmation manager runs")
         }));
     }
 
@@ -410,6 +449,9 @@ impl Pipeline {
             "TxSigned" => topics.tx_signed(),
             "TxSubmitted" => topics.tx_submitted(),
             "TxFailed" => topics.tx_outcomes(),
+            "TxMined" | "TxReverted" => topics.tx_receipts(),
+            "TxConfirmationsUpdated" | "TxReorged" => topics.tx_confirmations(),
+            "TxConfirmed" => topics.tx_outcomes(),
             other => panic!("{other} is announced but has no topic here"),
         };
         let mut wanted: BTreeSet<(String, String)> = recorded

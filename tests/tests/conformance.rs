@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use txflow_core::chain::{UnsignedTx, sign};
 use txflow_core::codec::{RegistryCodec, Subjects};
 use txflow_core::domain::{ChainId, NodeId, Signer, TxPayload};
-use txflow_core::events::{Event, TxAllocated, TxRequest, TxSigned};
+use txflow_core::events::{Event, TxAllocated, TxRequest, TxSigned, TxSubmitted};
 use txflow_core::kafka::{KafkaSettings, Topics, delete_topics, ensure_topics, signer_key};
 use txflow_core::lease::{Acquisition, LeaseConfig, LeaseManager};
 use txflow_core::policy::Policy;
@@ -700,6 +700,224 @@ impl Fixture for TestStageFixture {
     }
 }
 
+/// The receipt checker: SUBMITTED (TxSubmitted) → its receipt looked up on the chain → MINED,
+/// with the receipt recorded and TxReceiptUpdated announced.
+struct ReceiptChecker;
+
+impl ReceiptChecker {
+    /// Records work item `n` as the broadcaster leaves it (SUBMITTED at nonce `n`, attempt 1),
+    /// mined on the fake chain (the signer's lower nonces used by other transactions first).
+    /// Returns the TxSubmitted that announces it.
+    async fn submitted_and_mined(env: &Env, n: u32) -> TxSubmitted {
+        use txflow_core::chain::ChainClient as _;
+        let signed = env.record_signed(n).await;
+        sqlx::query("UPDATE managed_tx SET state = 'SUBMITTED' WHERE tx_id = $1::uuid")
+            .bind(&signed.tx_id)
+            .execute(&env.db.pool)
+            .await
+            .expect("record the submission");
+        if n > 0 {
+            env.chain
+                .use_nonce_elsewhere(env.key.address(), u64::from(n) - 1);
+        }
+        env.chain.send_raw(&signed.raw_tx).await.expect("pooled");
+        env.chain.mine();
+        ReceiptChecker::submitted(&signed.tx_id, n, &env.signer(), &signed.tx_hash)
+    }
+
+    fn submitted(tx_id: &str, n: u32, signer: &str, tx_hash: &str) -> TxSubmitted {
+        TxSubmitted {
+            event_id: uuid::Uuid::new_v4().to_string(),
+            tx_id: tx_id.to_string(),
+            chain_id: CHAIN_ID,
+            signer: signer.to_string(),
+            nonce: n as i64,
+            attempt: 1,
+            tx_hash: tx_hash.to_string(),
+            outcome: txflow_core::events::SubmitOutcome::Accepted,
+            submitted_at_ms: 0,
+            fencing_token: 0,
+        }
+    }
+}
+
+impl Fixture for ReceiptChecker {
+    type Stage = txflow_receipt_checker::ReceiptStage;
+    const NAME: &'static str = "receipt-checker";
+    const FIRST_OUTPUTS: usize = 1; // TxReceiptUpdated
+    const REDELIVERED_OUTPUTS: usize = 0; // handled before: nothing is SUBMITTED any more
+    const RECOVERED_OUTPUTS: usize = 1; // TxReceiptUpdated
+
+    fn input_topic(topics: &Topics) -> String {
+        topics.tx_submitted()
+    }
+    fn output_topics(topics: &Topics) -> Vec<String> {
+        vec![topics.tx_receipts()]
+    }
+    fn stage(env: &Env) -> Self::Stage {
+        txflow_receipt_checker::ReceiptStage::new(
+            txflow_receipt_checker::ReceiptCheckerConfig {
+                chain_id: ChainId(CHAIN_ID),
+                topics: env.topics.clone(),
+                workers: 4,
+                stale_receipt_timeout: Duration::from_secs(3600),
+                poll_min: Duration::from_millis(100),
+                poll_max: Duration::from_millis(100),
+            },
+            env.chain.clone(),
+        )
+    }
+    async fn message(env: &Env, n: u32) -> TxSubmitted {
+        ReceiptChecker::submitted_and_mined(env, n).await
+    }
+    fn poison(_env: &Env) -> (TxSubmitted, &'static str) {
+        let hash = format!("{:#x}", alloy::primitives::B256::ZERO);
+        (
+            ReceiptChecker::submitted(
+                &uuid::Uuid::now_v7().to_string(),
+                0,
+                "0xnot-an-address",
+                &hash,
+            ),
+            "INVALID_SIGNER",
+        )
+    }
+    async fn record(env: &Env, n: u32) {
+        ReceiptChecker::submitted_and_mined(env, n).await;
+    }
+    async fn driven(env: &Env, n: u32) -> bool {
+        let mined: Option<(String, Option<i32>, Option<String>)> = sqlx::query_as(
+            "SELECT state, (receipt->>'attempt')::int, mined_block_hash FROM managed_tx
+             WHERE chain_id = $1 AND signer = $2 AND request_id = $3",
+        )
+        .bind(CHAIN_ID)
+        .bind(env.signer())
+        .bind(request_id(n))
+        .fetch_optional(&env.db.pool)
+        .await
+        .expect("receipt");
+        mined.is_some_and(|(state, attempt, block)| {
+            state == "MINED" && attempt == Some(1) && block.is_some()
+        })
+    }
+}
+
+/// The confirmation manager: MINED (TxReceiptUpdated) → its block followed on the chain → its
+/// list announced and, at the required depth (one block here), CONFIRMED with TxConfirmed.
+struct ConfirmationManager;
+
+impl ConfirmationManager {
+    /// Records work item `n` as the receipt checker leaves it: MINED at nonce `n`, attempt 1, in
+    /// a block of the fake chain (the signer's lower nonces used by other transactions first),
+    /// its receipt recorded. Returns the TxReceiptUpdated that announces it.
+    async fn mined(env: &Env, n: u32) -> txflow_core::events::TxReceiptUpdated {
+        use txflow_core::chain::ChainClient as _;
+        let signed = env.record_signed(n).await;
+        if n > 0 {
+            env.chain
+                .use_nonce_elsewhere(env.key.address(), u64::from(n) - 1);
+        }
+        env.chain.send_raw(&signed.raw_tx).await.expect("pooled");
+        env.chain.mine();
+        let hash: alloy::primitives::B256 = signed.tx_hash.parse().expect("hash");
+        let r = env
+            .chain
+            .receipt(hash)
+            .await
+            .expect("receipt")
+            .expect("mined");
+        let block_hash = format!("{:#x}", r.block_hash);
+        let receipt = serde_json::json!({
+            "attempt": 1, "tx_hash": signed.tx_hash, "block_number": r.block_number,
+            "block_hash": block_hash, "status": 1, "gas_used": r.gas_used,
+            "effective_gas_price": r.effective_gas_price.to_string(),
+        });
+        sqlx::query(
+            "UPDATE managed_tx SET state = 'MINED', receipt = $2, mined_block_number = $3,
+                    mined_block_hash = $4 WHERE tx_id = $1::uuid",
+        )
+        .bind(&signed.tx_id)
+        .bind(receipt)
+        .bind(r.block_number as i64)
+        .bind(&block_hash)
+        .execute(&env.db.pool)
+        .await
+        .expect("record the receipt");
+        ConfirmationManager::receipt_updated(&signed.tx_id, n, &env.signer(), Some(&block_hash))
+    }
+
+    fn receipt_updated(
+        tx_id: &str,
+        n: u32,
+        signer: &str,
+        block_hash: Option<&str>,
+    ) -> txflow_core::events::TxReceiptUpdated {
+        txflow_core::events::TxReceiptUpdated {
+            event_id: uuid::Uuid::new_v4().to_string(),
+            tx_id: tx_id.to_string(),
+            chain_id: CHAIN_ID,
+            signer: signer.to_string(),
+            nonce: n as i64,
+            status: txflow_core::events::ReceiptStatus::Mined,
+            tx_hash: None,
+            block_number: None,
+            block_hash: block_hash.map(str::to_string),
+            gas_used: None,
+            effective_gas_price: None,
+            fencing_token: 0,
+        }
+    }
+}
+
+impl Fixture for ConfirmationManager {
+    type Stage = txflow_confirmation_manager::ConfirmStage;
+    const NAME: &'static str = "confirmation-manager";
+    const FIRST_OUTPUTS: usize = 2; // TxConfirmationsUpdated, TxConfirmed
+    const REDELIVERED_OUTPUTS: usize = 1; // the same TxConfirmed again
+    const RECOVERED_OUTPUTS: usize = 2; // TxConfirmationsUpdated, TxConfirmed
+
+    fn input_topic(topics: &Topics) -> String {
+        topics.tx_receipts()
+    }
+    fn output_topics(topics: &Topics) -> Vec<String> {
+        vec![topics.tx_confirmations(), topics.tx_outcomes()]
+    }
+    fn stage(env: &Env) -> Self::Stage {
+        txflow_confirmation_manager::ConfirmStage::new(
+            txflow_confirmation_manager::ConfirmationConfig {
+                chain_id: ChainId(CHAIN_ID),
+                topics: env.topics.clone(),
+                required: 1,
+                watch_blocks: 64,
+                poll_interval: Duration::from_millis(200),
+                // Not within a check: a resubmission would change what the checks compare.
+                resubmit_interval: Duration::from_secs(3600),
+            },
+            env.chain.clone(),
+        )
+    }
+    async fn message(env: &Env, n: u32) -> txflow_core::events::TxReceiptUpdated {
+        ConfirmationManager::mined(env, n).await
+    }
+    fn poison(_env: &Env) -> (txflow_core::events::TxReceiptUpdated, &'static str) {
+        (
+            ConfirmationManager::receipt_updated(
+                &uuid::Uuid::now_v7().to_string(),
+                0,
+                "0xnot-an-address",
+                None,
+            ),
+            "INVALID_SIGNER",
+        )
+    }
+    async fn record(env: &Env, n: u32) {
+        ConfirmationManager::mined(env, n).await;
+    }
+    async fn driven(env: &Env, n: u32) -> bool {
+        env.state(n).await.as_deref() == Some("CONFIRMED")
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The checks.
 // ---------------------------------------------------------------------------------------------
@@ -1105,4 +1323,6 @@ macro_rules! conformance {
 conformance!(allocator, Allocator);
 conformance!(signer_gateway, SignerGateway);
 conformance!(broadcaster, Broadcaster);
+conformance!(receipt_checker, ReceiptChecker);
+conformance!(confirmation_manager, ConfirmationManager);
 conformance!(test_stage, TestStageFixture);

@@ -600,3 +600,64 @@ async fn batch_commits_renewals_and_acquisitions_of_one_signer_set_never_deadloc
         task.await.unwrap_or_else(|e| panic!("{what}: {e}"));
     }
 }
+
+/// A compare-and-set miss is not a lost lease (issue 12 point 6): a move every row must make
+/// (`txstore::apply_all`) on a row another task already moved answers `Moved` — transient,
+/// retried after reading again — never `Fenced`, which would make the stage forget a lease it
+/// still holds and raise the fenced-write alert. The lease is still usable afterwards.
+#[tokio::test]
+async fn a_compare_and_set_miss_is_reported_as_moved_not_as_fenced() {
+    use txflow_core::retry::{Classify, Retry};
+    use txflow_core::state::{FAIL_UNALLOCATED, SIMULATE};
+    use txflow_core::txstore::{self, Audit, Kind, MoveRow, NewTx};
+    use uuid::Uuid;
+
+    let db = TestDb::new().await;
+    let a = manager(&db.pool, "node-a", config(30_000, 500));
+    let s = signer(77);
+    let (lease, _) = held(a.acquire(CHAIN, &s).await.expect("acquire"));
+    let tx_id = Uuid::now_v7();
+    let mut tx = lease.begin(&db.pool).await.expect("begin");
+    txstore::create(
+        &mut tx.writer(),
+        &[NewTx {
+            tx_id,
+            request_id: "cas-1".into(),
+            kind: Kind::Request,
+            nonce: None,
+            payload: serde_json::json!({}),
+            audit: Audit {
+                event_id: Uuid::now_v7(),
+                event_type: "TxAccepted",
+                payload: serde_json::json!({}),
+            },
+        }],
+    )
+    .await
+    .expect("create");
+    tx.commit().await.expect("commit");
+
+    // Another task fails it first (RECEIVED → FAILED)...
+    let mut tx = lease.begin(&db.pool).await.expect("begin");
+    let row = MoveRow::new(tx_id, Uuid::now_v7(), serde_json::json!({}));
+    txstore::apply(&mut tx.writer(), FAIL_UNALLOCATED, &[row])
+        .await
+        .expect("fail it");
+    tx.commit().await.expect("commit");
+
+    // ...then this one, having read it RECEIVED, simulates it: every row must move.
+    let mut tx = lease.begin(&db.pool).await.expect("begin");
+    let row = MoveRow::new(tx_id, Uuid::now_v7(), serde_json::json!({}));
+    let err = txstore::apply_all(&mut tx.writer(), SIMULATE, &[row])
+        .await
+        .expect_err("the row had moved on");
+    assert!(!err.is_fenced(), "a CAS miss reported as fenced: {err:?}");
+    assert!(
+        matches!(err, FenceError::Moved { expected: 1, moved: 1, .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.retry(), Retry::Transient, "{err:?}");
+    drop(tx);
+    let again = lease.begin(&db.pool).await.expect("the lease is still ours");
+    drop(again);
+}

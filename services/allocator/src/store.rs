@@ -209,7 +209,11 @@ pub async fn cancel_allocated(
 pub async fn fill_noops(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, FenceError> {
     let created = txstore::create(w, rows).await?;
     if created.len() != rows.len() {
-        return Err(w.fenced("fill released nonce"));
+        return Err(FenceError::Moved {
+            operation: "fill released nonce",
+            expected: rows.len(),
+            moved: rows.len() - created.len(),
+        });
     }
     Ok(created)
 }

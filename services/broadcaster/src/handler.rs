@@ -28,8 +28,7 @@ use uuid::Uuid;
 
 use crate::config::BroadcasterConfig;
 use crate::decide::{
-    self, Answer, Funds, NonceFacts, NonceTooLow, PassSearch, PassedIn, Record, Resent, Search,
-    Stop,
+    self, Answer, Funds, IntoSent, NonceFacts, NonceTooLow, PassedIn, Record, Resent, Stop,
 };
 use crate::store::{self, DueRow, FailSigned, Row, SignedRow, Submit};
 
@@ -228,7 +227,7 @@ impl BroadcastStage {
     /// "nonce too low": gathers what the chain says of whose nonce it is, and
     /// [`decide::nonce_too_low`] decides. In order, each only if still needed: whether the node
     /// knows one of the transaction's hashes (by hash or by receipt); the signer's latest nonce;
-    /// then the block where the signer's nonce passed ours ([`PassSearch`]) and its transaction
+    /// then the block where the signer's nonce passed ours ([`decide::PassSearch`]) and its transaction
     /// hashes. A lookup that fails is an error: undecided, tried again later.
     async fn whose_nonce(
         &self,
@@ -281,27 +280,7 @@ impl BroadcastStage {
         address: Address,
         nonce: u64,
     ) -> Result<Option<PassedIn>, ChainError> {
-        let head = self.chain.block_number().await?;
-        let mut search = PassSearch::new(nonce, head);
-        loop {
-            match search.next() {
-                Search::Ask(block) => search.answer(self.chain.nonce_at(address, block).await?),
-                Search::Found(block) => {
-                    let transactions = self.chain.block_transaction_hashes(block).await?;
-                    if transactions.is_none() {
-                        tracing::warn!(%address, nonce, block, "the block where the nonce passed is not found");
-                    }
-                    return Ok(transactions.map(|transactions| PassedIn {
-                        block,
-                        transactions,
-                    }));
-                }
-                Search::Failed(why) => {
-                    tracing::warn!(%address, nonce, head, why, "cannot find where the nonce passed");
-                    return Ok(None);
-                }
-            }
-        }
+        txflow_core::chain::passed_in(self.chain.as_ref(), address, nonce).await
     }
 
     /// Records the sends in one fenced transaction: SUBMIT, REPLACE and FAIL_SIGNED, each for all

@@ -1018,6 +1018,41 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// The block where `address`'s nonce passed `nonce` (the first block at which its nonce is past
+/// ours), and that block's transaction hashes, as `chain` shows them: the search of
+/// [`PassSearch`](crate::nonce_proof::PassSearch) run against the node (the head, then doubling
+/// back, then bisecting; at most `MAX_PROBES` calls of `nonce_at`). `None` if the chain's answers
+/// do not add up or the block is gone; a lookup that fails is an error (undecided, tried again
+/// later). Shared by the broadcaster ("nonce too low") and the receipt checker (a stale nonce).
+pub async fn passed_in(
+    chain: &dyn ChainClient,
+    address: Address,
+    nonce: u64,
+) -> Result<Option<crate::nonce_proof::PassedIn>, ChainError> {
+    use crate::nonce_proof::{PassSearch, PassedIn, Search};
+    let head = chain.block_number().await?;
+    let mut search = PassSearch::new(nonce, head);
+    loop {
+        match search.next() {
+            Search::Ask(block) => search.answer(chain.nonce_at(address, block).await?),
+            Search::Found(block) => {
+                let transactions = chain.block_transaction_hashes(block).await?;
+                if transactions.is_none() {
+                    tracing::warn!(%address, nonce, block, "the block where the nonce passed is not found");
+                }
+                return Ok(transactions.map(|transactions| PassedIn {
+                    block,
+                    transactions,
+                }));
+            }
+            Search::Failed(why) => {
+                tracing::warn!(%address, nonce, head, why, "cannot find where the nonce passed");
+                return Ok(None);
+            }
+        }
+    }
+}
+
 /// An EIP-1559 transaction to sign.
 #[derive(Debug, Clone)]
 pub struct UnsignedTx {

@@ -58,6 +58,16 @@ pub struct Config {
     pub rpc_timeout_ms: u64,
     /// Rounds over the RPC endpoints before a call fails (`TXFLOW_RPC_ATTEMPTS`, default 4).
     pub rpc_attempts: u32,
+    /// `confirmations.receipt_workers` (`TXFLOW_RECEIPT_WORKERS`, default 10): how many
+    /// `eth_getTransactionReceipt` lookups the receipt checker runs at once.
+    pub receipt_workers: usize,
+    /// `confirmations.stale_receipt_timeout` (`TXFLOW_STALE_RECEIPT_TIMEOUT_MS`, default 60000):
+    /// how long the signer's nonce must be past a submitted transaction's, with no receipt for any
+    /// of its hashes, before the receipt checker looks for the proof that it was REPLACED.
+    pub stale_receipt_timeout_ms: u64,
+    /// `confirmations.required` (`TXFLOW_CONFIRMATIONS_REQUIRED`, default 12): how many blocks,
+    /// the transaction's own included, make it final (CONFIRMED, TxConfirmed).
+    pub confirmations_required: u32,
 }
 
 impl std::fmt::Debug for Config {
@@ -96,6 +106,9 @@ impl std::fmt::Debug for Config {
             .field("resubmit_interval_ms", &self.resubmit_interval_ms)
             .field("rpc_timeout_ms", &self.rpc_timeout_ms)
             .field("rpc_attempts", &self.rpc_attempts)
+            .field("receipt_workers", &self.receipt_workers)
+            .field("stale_receipt_timeout_ms", &self.stale_receipt_timeout_ms)
+            .field("confirmations_required", &self.confirmations_required)
             .finish()
     }
 }
@@ -176,6 +189,9 @@ impl Default for Config {
             resubmit_interval_ms: 15_000,
             rpc_timeout_ms: 10_000,
             rpc_attempts: 4,
+            receipt_workers: 10,
+            stale_receipt_timeout_ms: 60_000,
+            confirmations_required: 12,
         }
     }
 }
@@ -361,6 +377,42 @@ impl Config {
                         var: "TXFLOW_RPC_ATTEMPTS",
                         value: v,
                         why: "expected a whole number between 1 and 20",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_RECEIPT_WORKERS") {
+            c.receipt_workers = match v.parse::<usize>() {
+                Ok(n) if (1..=1000).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_RECEIPT_WORKERS",
+                        value: v,
+                        why: "expected a whole number between 1 and 1000",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_CONFIRMATIONS_REQUIRED") {
+            c.confirmations_required = match v.parse::<u32>() {
+                Ok(n) if (1..=10_000).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_CONFIRMATIONS_REQUIRED",
+                        value: v,
+                        why: "expected a whole number of blocks between 1 and 10000",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_STALE_RECEIPT_TIMEOUT_MS") {
+            c.stale_receipt_timeout_ms = match v.parse::<u64>() {
+                Ok(n) if n <= 86_400_000 => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_STALE_RECEIPT_TIMEOUT_MS",
+                        value: v,
+                        why: "expected milliseconds, at most 86400000",
                     });
                 }
             };

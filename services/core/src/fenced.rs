@@ -40,6 +40,15 @@ pub enum FenceError {
         node: String,
         token: i64,
     },
+    /// The lease is current but rows expected in a state had moved on (a compare-and-set miss:
+    /// another task of this node, or an operator's command, moved them first). Nothing of the
+    /// transaction applies; retry after reading again. Never a lost lease.
+    #[error("{operation}: {moved} of {expected} rows were no longer in the expected state")]
+    Moved {
+        operation: &'static str,
+        expected: usize,
+        moved: usize,
+    },
     /// A statement without the fencing predicate was offered as a critical write: a bug.
     #[error("{operation}: refused to run a critical write without the fencing predicate")]
     Unfenced { operation: &'static str },
@@ -66,7 +75,7 @@ impl Classify for FenceError {
             // The write must not be retried as is: the caller re-acquires first.
             FenceError::Fenced { .. } => Retry::Permanent,
             FenceError::Unfenced { .. } => Retry::Permanent,
-            FenceError::Db { .. } => Retry::Transient,
+            FenceError::Db { .. } | FenceError::Moved { .. } => Retry::Transient,
         }
     }
 }

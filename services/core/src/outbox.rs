@@ -18,7 +18,10 @@ use uuid::Uuid;
 
 use crate::codec::Subjects;
 use crate::domain::{ChainId, Role, Signer};
-use crate::events::{Event, TxAllocated, TxFailed, TxSigned, TxSubmitted};
+use crate::events::{
+    Event, TxAllocated, TxConfirmationsUpdated, TxConfirmed, TxFailed, TxReceiptUpdated, TxSigned,
+    TxSubmitted,
+};
 use crate::kafka::{Topics, signer_key};
 use crate::lease::LeaseKey;
 use crate::output::Output;
@@ -35,12 +38,14 @@ pub const RELAY_LIMIT: i64 = 1000;
 
 /// The announced event types a role records, and so relays: the allocator's allocations and
 /// failures (simulation, policy, cancel), the signer gateway's signatures and failures at signing,
-/// the broadcaster's submissions and refusals.
+/// the broadcaster's submissions and refusals, the receipt checker's receipts (MINED, REVERTED).
 pub fn relayed_by(role: Role) -> &'static [&'static str] {
     match role {
         Role::Allocator => &["TxAllocated", "TxFailed"],
         Role::SignerGateway => &["TxSigned", "TxFailed"],
         Role::Broadcaster => &["TxSubmitted", "TxFailed"],
+        Role::ReceiptChecker => &["TxMined", "TxReverted"],
+        Role::ConfirmationManager => &["TxConfirmationsUpdated", "TxReorged", "TxConfirmed"],
         _ => &[],
     }
 }
@@ -106,6 +111,18 @@ pub fn output(topics: &Topics, key: &LeaseKey, row: &Unpublished) -> Result<Outp
         "TxSigned" => typed::<TxSigned>(row, topics.tx_signed(), Subjects::TopicName, k),
         "TxSubmitted" => typed::<TxSubmitted>(row, topics.tx_submitted(), Subjects::TopicName, k),
         "TxFailed" => typed::<TxFailed>(row, topics.tx_outcomes(), Subjects::TopicRecordName, k),
+        // The audit rows of MINE and REVERT hold the TxReceiptUpdated they announce.
+        "TxMined" | "TxReverted" => {
+            typed::<TxReceiptUpdated>(row, topics.tx_receipts(), Subjects::TopicName, k)
+        }
+        // The confirmation manager's list announcements; TxReorged (MINED → SUBMITTED) holds the
+        // `new_fork = true` announcement of its empty list.
+        "TxConfirmationsUpdated" | "TxReorged" => {
+            typed::<TxConfirmationsUpdated>(row, topics.tx_confirmations(), Subjects::TopicName, k)
+        }
+        "TxConfirmed" => {
+            typed::<TxConfirmed>(row, topics.tx_outcomes(), Subjects::TopicRecordName, k)
+        }
         other => Err(RelayError::NotAnnounced {
             event_id: row.event_id,
             event_type: other.to_string(),
@@ -195,12 +212,15 @@ mod tests {
 
     #[test]
     fn every_announced_type_is_relayed_by_a_pipeline_role_and_only_those() {
+        // A role relays what it records itself, so the relay runs wherever the rows are written,
+        // and every such role is one the binary runs.
         for t in ANNOUNCED {
             assert!(
                 Role::PIPELINE.iter().any(|r| relayed_by(*r).contains(t)),
                 "{t} is relayed by some role"
             );
         }
+        assert_eq!(relayed_by(Role::ReceiptChecker), &["TxMined", "TxReverted"]);
         for r in Role::ALL {
             for t in relayed_by(r) {
                 assert!(ANNOUNCED.contains(t), "{r} relays {t}, an announced type");
@@ -259,5 +279,104 @@ mod tests {
             output(&topics, &key(), &garbage),
             Err(RelayError::Payload { .. })
         ));
+    }
+
+    #[test]
+    fn confirmation_rows_become_their_announcements_on_their_topics() {
+        let topics = Topics::new("t");
+        let id = Uuid::now_v7();
+        let list = TxConfirmationsUpdated {
+            event_id: id.to_string(),
+            tx_id: Uuid::now_v7().to_string(),
+            chain_id: 31337,
+            signer: "0x00000000000000000000000000000000000000aa".into(),
+            nonce: 7,
+            tx_hash: format!("0x{}", "ab".repeat(32)),
+            new_fork: true,
+            confirmations: Vec::new(),
+            required_confirmations: 12,
+            fencing_token: 3,
+        };
+        for event_type in ["TxConfirmationsUpdated", "TxReorged"] {
+            let row = Unpublished {
+                event_id: id,
+                tx_id: Uuid::now_v7(),
+                event_type: event_type.into(),
+                payload: serde_json::to_value(&list).expect("json"),
+            };
+            let out = output(&topics, &key(), &row).expect("relayed");
+            assert_eq!(out.topic, topics.tx_confirmations(), "{event_type}");
+            assert_eq!(out.event_id, id.to_string());
+        }
+        let confirmed = TxConfirmed {
+            event_id: id.to_string(),
+            tx_id: Uuid::now_v7().to_string(),
+            request_id: "r".into(),
+            chain_id: 31337,
+            signer: "0x00000000000000000000000000000000000000aa".into(),
+            nonce: 7,
+            tx_hash: format!("0x{}", "ab".repeat(32)),
+            block_number: 9,
+            block_hash: format!("0x{}", "cd".repeat(32)),
+            success: true,
+            confirmations: 12,
+            fencing_token: 3,
+        };
+        let row = Unpublished {
+            event_id: id,
+            tx_id: Uuid::now_v7(),
+            event_type: "TxConfirmed".into(),
+            payload: serde_json::to_value(&confirmed).expect("json"),
+        };
+        let out = output(&topics, &key(), &row).expect("relayed");
+        assert_eq!(out.topic, topics.tx_outcomes());
+        assert_eq!(out.event_id, id.to_string());
+    }
+
+    #[test]
+    fn mined_and_reverted_rows_become_their_receipt_update_on_the_receipts_topic() {
+        let topics = Topics::new("t");
+        for (event_type, status) in [
+            ("TxMined", crate::events::ReceiptStatus::Mined),
+            ("TxReverted", crate::events::ReceiptStatus::Reverted),
+        ] {
+            let id = Uuid::now_v7();
+            let event = TxReceiptUpdated {
+                event_id: id.to_string(),
+                tx_id: Uuid::now_v7().to_string(),
+                chain_id: 31337,
+                signer: "0x00000000000000000000000000000000000000aa".into(),
+                nonce: 7,
+                status,
+                tx_hash: Some(format!("0x{}", "ab".repeat(32))),
+                block_number: Some(12),
+                block_hash: Some(format!("0x{}", "cd".repeat(32))),
+                gas_used: Some(21_000),
+                effective_gas_price: Some("1000000007".into()),
+                fencing_token: 3,
+            };
+            let row = Unpublished {
+                event_id: id,
+                tx_id: Uuid::now_v7(),
+                event_type: event_type.into(),
+                payload: serde_json::to_value(&event).expect("json"),
+            };
+            let out = output(&topics, &key(), &row).expect("relayed");
+            assert_eq!(out.topic, topics.tx_receipts(), "{event_type}");
+            assert_eq!(out.event_id, id.to_string());
+            assert_eq!(out.key, "31337:0x00000000000000000000000000000000000000aa");
+            // A receipt row that holds something else stays unpublished, reported.
+            let submitted = Unpublished {
+                payload: serde_json::json!({"event_id": id.to_string(), "tx_id": "x"}),
+                ..row
+            };
+            assert!(
+                matches!(
+                    output(&topics, &key(), &submitted),
+                    Err(RelayError::Payload { .. })
+                ),
+                "{event_type}"
+            );
+        }
     }
 }

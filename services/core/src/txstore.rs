@@ -7,7 +7,9 @@
 //!   (chain, signer, request_id).
 //! - [`apply`]: a named [`Move`] for many rows at once (`UNNEST` arrays, the fence as a join on
 //!   `signer_lease`, `RETURNING` to learn which rows moved). A move to FAILED from a state that
-//!   holds a nonce releases it to `recycled_nonces` in the same statement.
+//!   holds a nonce releases it to `recycled_nonces` in the same statement. A row's side data
+//!   ([`MoveRow`]) is written in the same statement: nonce, payload, failure, approver, and the
+//!   receipt columns ([`ReceiptWrite`]: set, cleared to NULL, or kept).
 //!
 //! Both answer `Fenced` when the lease is not current (a sentinel row tells a fenced statement
 //! from one whose rows were all in another state), and otherwise the rows that landed.
@@ -99,6 +101,54 @@ pub struct MoveRow {
     pub approved_by: Option<String>,
     /// The compare-and-set also requires this nonce (the row must still hold what was decided on).
     pub expect_nonce: Option<i64>,
+    /// What the move writes to the receipt columns (`receipt`, `mined_block_number`,
+    /// `mined_block_hash`): nothing ([`ReceiptWrite::Keep`], the default), a receipt (MINE,
+    /// REVERT) or NULL (REORG, REPLACE).
+    pub receipt: ReceiptWrite,
+}
+
+/// What a move writes to `managed_tx.receipt`, `mined_block_number` and `mined_block_hash`,
+/// always the three together (a CHECK of migration 0006). Writing them ([`ReceiptWrite::Set`] or
+/// [`ReceiptWrite::Clear`]) also resets the receipt checker's schedule
+/// (`next_receipt_check_at`, `receipt_stale_since` to NULL): a transaction back in SUBMITTED is
+/// looked up at once.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum ReceiptWrite {
+    /// Leaves the columns as they are.
+    #[default]
+    Keep,
+    /// Records a receipt (a move to MINED or REVERTED).
+    Set(MinedReceipt),
+    /// Sets the three columns to NULL: the block is gone (REORG: MINED → SUBMITTED), or the
+    /// transaction no longer holds its nonce (REPLACE).
+    Clear,
+}
+
+/// A receipt as `managed_tx` records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MinedReceipt {
+    /// `managed_tx.receipt`: the receipt's JSON (the receipt checker's `StoredReceipt`).
+    pub receipt: serde_json::Value,
+    /// `managed_tx.mined_block_number`.
+    pub block_number: i64,
+    /// `managed_tx.mined_block_hash`: lowercase 0x-hex.
+    pub block_hash: String,
+}
+
+impl ReceiptWrite {
+    /// `(write, receipt, block number, block hash)`: the statement's arguments for one row.
+    fn columns(&self) -> (bool, Option<serde_json::Value>, Option<i64>, Option<String>) {
+        match self {
+            ReceiptWrite::Keep => (false, None, None, None),
+            ReceiptWrite::Set(r) => (
+                true,
+                Some(r.receipt.clone()),
+                Some(r.block_number),
+                Some(r.block_hash.clone()),
+            ),
+            ReceiptWrite::Clear => (true, None, None, None),
+        }
+    }
 }
 
 impl MoveRow {
@@ -113,6 +163,7 @@ impl MoveRow {
             failure: None,
             approved_by: None,
             expect_nonce: None,
+            receipt: ReceiptWrite::Keep,
         }
     }
 }
@@ -209,13 +260,26 @@ pub async fn apply(
         .collect();
     let approvers: Vec<Option<&str>> = rows.iter().map(|r| r.approved_by.as_deref()).collect();
     let expect: Vec<Option<i64>> = rows.iter().map(|r| r.expect_nonce).collect();
+    let mut receipt_writes: Vec<bool> = Vec::with_capacity(rows.len());
+    let mut receipts: Vec<Option<serde_json::Value>> = Vec::with_capacity(rows.len());
+    let mut block_numbers: Vec<Option<i64>> = Vec::with_capacity(rows.len());
+    let mut block_hashes: Vec<Option<String>> = Vec::with_capacity(rows.len());
+    for r in rows {
+        let (write, receipt, number, hash) = r.receipt.columns();
+        receipt_writes.push(write);
+        receipts.push(receipt);
+        block_numbers.push(number);
+        block_hashes.push(hash);
+    }
     let audit = audit(19);
     let sql = format!(
         "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
          u AS (SELECT * FROM unnest($6::uuid[], $7::uuid[], $8::text[], $9::jsonb[], $10::bigint[],
-                                    $11::jsonb[], $12::text[], $13::text[], $14::text[], $15::bigint[])
+                                    $11::jsonb[], $12::text[], $13::text[], $14::text[], $15::bigint[],
+                                    $20::boolean[], $21::jsonb[], $22::bigint[], $23::text[])
                  AS u(tx_id, event_id, event_type, event, nonce, payload, failure_code,
-                      failure_reason, approved_by, expect_nonce)),
+                      failure_reason, approved_by, expect_nonce, receipt_write, receipt,
+                      mined_block_number, mined_block_hash)),
          landed AS (
              UPDATE managed_tx m SET
                  state = $16,
@@ -225,6 +289,15 @@ pub async fn apply(
                  failure_reason = coalesce(u.failure_reason, m.failure_reason),
                  approved_by = coalesce(u.approved_by, m.approved_by),
                  approved_at = CASE WHEN u.approved_by IS NULL THEN m.approved_at ELSE clock_timestamp() END,
+                 receipt = CASE WHEN u.receipt_write THEN u.receipt ELSE m.receipt END,
+                 mined_block_number = CASE WHEN u.receipt_write THEN u.mined_block_number
+                                           ELSE m.mined_block_number END,
+                 mined_block_hash = CASE WHEN u.receipt_write THEN u.mined_block_hash
+                                         ELSE m.mined_block_hash END,
+                 next_receipt_check_at = CASE WHEN u.receipt_write THEN NULL
+                                              ELSE m.next_receipt_check_at END,
+                 receipt_stale_since = CASE WHEN u.receipt_write THEN NULL
+                                            ELSE m.receipt_stale_since END,
                  nonce_released = m.nonce_released OR $18,
                  fencing_token = $5,
                  updated_at = now()
@@ -257,6 +330,10 @@ pub async fn apply(
                 .bind(m.from_names())
                 .bind(releases)
                 .bind(ANNOUNCED)
+                .bind(receipt_writes)
+                .bind(receipts)
+                .bind(block_numbers)
+                .bind(block_hashes)
         })
         .await?;
     landed_or_fenced(w, m.name, out.into_iter().map(|(t, n)| t.map(|t| (t, n))))
@@ -284,7 +361,8 @@ fn landed_or_fenced(
 }
 
 /// Like [`apply`], for a move every row must make (the caller locked or just read them under
-/// the lease): a row that did not move is reported as `Fenced`.
+/// the lease): if a row did not move, nothing applies and the answer is `Moved` (a
+/// compare-and-set miss, retried after reading again), never `Fenced` — the lease is current.
 pub async fn apply_all(
     w: &mut Fenced<'_>,
     m: Move,
@@ -292,7 +370,11 @@ pub async fn apply_all(
 ) -> Result<Vec<Landed>, FenceError> {
     let landed = apply(w, m, rows).await?;
     if landed.len() != rows.len() {
-        return Err(w.fenced(m.name));
+        return Err(FenceError::Moved {
+            operation: m.name,
+            expected: rows.len(),
+            moved: rows.len() - landed.len(),
+        });
     }
     Ok(landed)
 }

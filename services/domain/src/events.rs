@@ -62,8 +62,22 @@ macro_rules! event {
 }
 
 /// The `tx_events` types that are announced on a topic (the transactional outbox relays them until
-/// the broker acknowledged them); every other type is an audit record only.
-pub const ANNOUNCED: &[&str] = &["TxAllocated", "TxSigned", "TxSubmitted", "TxFailed"];
+/// the broker acknowledged them); every other type is an audit record only. `TxMined` and
+/// `TxReverted` (the receipt checker's moves) carry a [`TxReceiptUpdated`], announced on
+/// `tx.receipts`. The confirmation manager's `TxConfirmationsUpdated` and `TxReorged` carry a
+/// [`TxConfirmationsUpdated`] (on `tx.confirmations`), its `TxConfirmed` a [`TxConfirmed`] (on
+/// `tx.outcomes`).
+pub const ANNOUNCED: &[&str] = &[
+    "TxAllocated",
+    "TxSigned",
+    "TxSubmitted",
+    "TxFailed",
+    "TxMined",
+    "TxReverted",
+    "TxConfirmationsUpdated",
+    "TxReorged",
+    "TxConfirmed",
+];
 
 /// Upstream contract: a request to send one transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

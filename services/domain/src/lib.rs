@@ -7,6 +7,7 @@
 //! - [`failure`]: the typed failure codes of `TxFailed`.
 //! - [`events`]: the Avro-described events and commands, with their schemas compiled in.
 //! - [`policy`]: whitelist, value limit, approval threshold.
+//! - [`nonce_proof`]: whose nonce it is, on the chain's proof (REPLACED only when proven).
 //! - [`retry`]: the retry classification every error type carries.
 //!
 //! Architecture invariant: this crate depends on no sqlx, rdkafka or reqwest (nor anything else
@@ -15,6 +16,7 @@
 pub mod events;
 pub mod failure;
 pub mod ids;
+pub mod nonce_proof;
 pub mod policy;
 pub mod retry;
 pub mod role;

@@ -29,8 +29,19 @@ impl Role {
     ];
 
     /// The stages of the transaction pipeline built so far, in pipeline order: the one list the
-    /// binary (`txflow up`, `bench`, `demo`) and the test harness start.
-    pub const PIPELINE: [Role; 3] = [Role::Allocator, Role::SignerGateway, Role::Broadcaster];
+    /// binary (`txflow up`, `bench`, `demo`) starts. The first three take a request to SUBMITTED
+    /// ([`Role::SUBMISSION`]); the receipt checker and the confirmation manager follow it to
+    /// finality.
+    pub const PIPELINE: [Role; 5] = [
+        Role::Allocator,
+        Role::SignerGateway,
+        Role::Broadcaster,
+        Role::ReceiptChecker,
+        Role::ConfirmationManager,
+    ];
+
+    /// The stages that take a request to SUBMITTED.
+    pub const SUBMISSION: [Role; 3] = [Role::Allocator, Role::SignerGateway, Role::Broadcaster];
 
     /// The name used in leases (`signer_lease.role`), logs and the CLI.
     pub fn as_str(self) -> &'static str {

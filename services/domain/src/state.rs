@@ -30,9 +30,12 @@ pub enum TxState {
     Submitted,
     /// An attempt is in a block with status 1; not final yet.
     Mined,
-    /// Final with its required confirmations.
+    /// Final with its required confirmations. Only a reorg deeper than the required depth takes it
+    /// back (to SIMULATED, once a transaction other than its own consumed its nonce at depth).
     Confirmed,
-    /// Mined with status 0: final, the nonce is consumed.
+    /// An attempt is in a block with status 0: the nonce is consumed. Final once settled at the
+    /// required depth (`confirmed_at`, TxConfirmed with `success = false`); before that a reorg
+    /// may send it back to SUBMITTED.
     Reverted,
     /// Its nonce was consumed by a transaction txflow did not send: to be re-allocated.
     Replaced,
@@ -110,10 +113,13 @@ impl TxState {
         }
     }
 
-    /// Whether the state is final: no transition leaves it.
+    /// Whether the state alone says the transaction is final: no transition leaves it for another
+    /// state, but for [`DEEP_REORG_EXITS`] (a reorg deeper than the required depth). Its own
+    /// announcements (a self-move) may still be recorded. REVERTED is not final by its state: it
+    /// is final once settled at the required depth (`managed_tx.confirmed_at`).
     pub const fn is_terminal(self) -> bool {
         match self {
-            TxState::Confirmed | TxState::Reverted | TxState::Failed => true,
+            TxState::Confirmed | TxState::Failed => true,
             TxState::Received
             | TxState::Simulated
             | TxState::PendingApproval
@@ -121,6 +127,7 @@ impl TxState {
             | TxState::Signed
             | TxState::Submitted
             | TxState::Mined
+            | TxState::Reverted
             | TxState::Replaced => false,
         }
     }
@@ -215,13 +222,23 @@ transitions! {
     Signed => [Submitted, Replaced, Failed];
     // SUBMITTED → SUBMITTED: a resubmission (audited, the state stays).
     Submitted => [Submitted, Mined, Reverted, Replaced];
-    // MINED → SUBMITTED: a reorg dropped the block before it was final.
-    Mined => [Confirmed, Submitted];
+    // MINED → MINED: its confirmation list announced (the state stays). MINED → SUBMITTED: a
+    // reorg dropped the block before it was final.
+    Mined => [Mined, Confirmed, Submitted];
+    // REVERTED → REVERTED: its confirmation list announced, or settled at the required depth.
+    // REVERTED → SUBMITTED: a reorg dropped the block before it was settled.
+    Reverted => [Reverted, Submitted];
     Replaced => [Allocated];
-    Confirmed => [];
-    Reverted => [];
+    // CONFIRMED → CONFIRMED: announcements after a reorg deeper than the required depth, and its
+    // confirmation again. CONFIRMED → SIMULATED: that reorg undid it for good (a transaction
+    // other than its own consumed its nonce at depth): re-evaluated with a fresh nonce.
+    Confirmed => [Confirmed, Simulated];
     Failed => [];
 }
+
+/// The moves that leave a final state ([`TxState::is_terminal`]) for another: only a reorg
+/// deeper than the required depth does.
+pub const DEEP_REORG_EXITS: &[(TxState, TxState)] = &[(TxState::Confirmed, TxState::Simulated)];
 
 /// Compiles only if `F → T` is in the table.
 const fn legal<F: TransitionTo<T>, T: State>() {}
@@ -290,10 +307,27 @@ moves! {
     MINE: Submitted => Mined, "TxMined";
     /// A receipt with status 0.
     REVERT: Submitted => Reverted, "TxReverted";
-    /// Enough confirmations.
+    /// Enough confirmations (confirmation manager): TxConfirmed (`success = true`).
     CONFIRM: Mined => Confirmed, "TxConfirmed";
-    /// A reorg dropped its block: back to SUBMITTED, to be rebroadcast.
-    REORG: Mined => Submitted, "TxReorged";
+    /// A reverted transaction reached the required depth: its final outcome, TxConfirmed with
+    /// `success = false` (the state stays; `confirmed_at` records it).
+    SETTLE_REVERTED: Reverted => Reverted, "TxConfirmed";
+    /// Final again after a reorg deeper than the required depth (its own attempt mined again and
+    /// reached the depth): a TxConfirmed of a new generation.
+    RECONFIRM: Confirmed => Confirmed, "TxConfirmed";
+    /// Its confirmation list grew or changed: a TxConfirmationsUpdated is announced.
+    COUNT_MINED: Mined => Mined, "TxConfirmationsUpdated";
+    /// The same, for a reverted transaction.
+    COUNT_REVERTED: Reverted => Reverted, "TxConfirmationsUpdated";
+    /// The same, for a confirmed transaction (a reorg changed its list, deep or not).
+    COUNT_CONFIRMED: Confirmed => Confirmed, "TxConfirmationsUpdated";
+    /// A reorg dropped its block before it was final: back to SUBMITTED, rebroadcast, receipt
+    /// cleared; announces TxConfirmationsUpdated with `new_fork = true` and an empty list.
+    REORG: Mined | Reverted => Submitted, "TxReorged";
+    /// A reorg deeper than the required depth undid it for good: a transaction other than its own
+    /// (the defensive cancellation) consumed its nonce at depth. Back to SIMULATED, re-evaluated
+    /// and re-allocated a fresh nonce.
+    UNDO_CONFIRMED: Confirmed => Simulated, "TxReorgUndone";
 }
 
 /// Where a newly recorded transaction starts: a request, or a no-op filling a released nonce.
@@ -316,7 +350,9 @@ mod tests {
                 | (Allocated, Signed | Failed)
                 | (Signed, Submitted | Replaced | Failed)
                 | (Submitted, Submitted | Mined | Reverted | Replaced)
-                | (Mined, Confirmed | Submitted)
+                | (Mined, Mined | Confirmed | Submitted)
+                | (Reverted, Reverted | Submitted)
+                | (Confirmed, Confirmed | Simulated)
                 | (Replaced, Allocated)
         )
     }
@@ -337,10 +373,37 @@ mod tests {
     }
 
     #[test]
-    fn terminal_states_have_no_way_out_and_every_other_state_has_one() {
+    fn terminal_states_have_no_way_out_but_a_deep_reorg_and_every_other_state_has_one() {
         for s in TxState::ALL {
-            let out = TxState::ALL.into_iter().any(|t| s.can_move_to(t));
+            let out = TxState::ALL
+                .into_iter()
+                .any(|t| t != s && s.can_move_to(t) && !DEEP_REORG_EXITS.contains(&(s, t)));
             assert_eq!(s.is_terminal(), !out, "{s}");
+        }
+        for &(from, to) in DEEP_REORG_EXITS {
+            assert!(from.is_terminal() && from.can_move_to(to), "{from} → {to}");
+        }
+    }
+
+    #[test]
+    fn the_confirmation_moves_keep_or_leave_the_nonce_as_the_chain_does() {
+        // Announcements and settling stay where they are.
+        for m in [
+            COUNT_MINED,
+            COUNT_REVERTED,
+            COUNT_CONFIRMED,
+            SETTLE_REVERTED,
+            RECONFIRM,
+        ] {
+            assert_eq!(m.from, &[m.to], "{}", m.name);
+        }
+        // A reorg before the depth keeps the nonce (the same signed bytes are sent again); the
+        // undo after a deep reorg gives it up (another transaction consumed it).
+        assert!(REORG.from.iter().all(|s| s.holds_nonce()) && REORG.to.holds_nonce());
+        assert!(!UNDO_CONFIRMED.to.holds_nonce());
+        // Every final outcome is announced as TxConfirmed.
+        for m in [CONFIRM, SETTLE_REVERTED, RECONFIRM] {
+            assert_eq!(m.event, "TxConfirmed", "{}", m.name);
         }
     }
 

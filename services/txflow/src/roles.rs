@@ -51,6 +51,8 @@ pub async fn run_role(role: Role, deps: &Deps, shutdown: CancellationToken) -> a
         Role::Allocator => txflow_allocator::run_until(deps, shutdown).await?,
         Role::SignerGateway => txflow_signer_gateway::run_until(deps, shutdown).await?,
         Role::Broadcaster => txflow_broadcaster::run_until(deps, shutdown).await?,
+        Role::ReceiptChecker => txflow_receipt_checker::run_until(deps, shutdown).await?,
+        Role::ConfirmationManager => txflow_confirmation_manager::run_until(deps, shutdown).await?,
         other => run_unbuilt(other, &deps.config).await?,
     }
     Ok(())
@@ -59,12 +61,14 @@ pub async fn run_role(role: Role, deps: &Deps, shutdown: CancellationToken) -> a
 /// The roles whose issue has not landed: they say so (needing no connection).
 pub async fn run_unbuilt(role: Role, config: &Config) -> anyhow::Result<()> {
     match role {
-        Role::ReceiptChecker => txflow_receipt_checker::run(config).await?,
-        Role::ConfirmationManager => txflow_confirmation_manager::run(config).await?,
         Role::TransferCoordinator => txflow_transfer_coordinator::run(config).await?,
         Role::SpotLedger => txflow_spot_ledger::run(config).await?,
         Role::Gateway => txflow_gateway::run(config).await?,
-        Role::Allocator | Role::SignerGateway | Role::Broadcaster => {
+        Role::Allocator
+        | Role::SignerGateway
+        | Role::Broadcaster
+        | Role::ReceiptChecker
+        | Role::ConfirmationManager => {
             anyhow::bail!("{role} needs its clients: run it with run_role")
         }
     }

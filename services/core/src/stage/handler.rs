@@ -126,6 +126,7 @@ impl From<FenceError> for HandlerError {
             FenceError::Fenced { .. } => HandlerError::LeaseLost(e),
             FenceError::Unfenced { .. } => HandlerError::fail("UNFENCED_WRITE", e.to_string()),
             FenceError::Db { .. } => HandlerError::transient("fenced write", e),
+            FenceError::Moved { .. } => HandlerError::transient("compare-and-set", e),
         }
     }
 }

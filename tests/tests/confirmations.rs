@@ -1,0 +1,1026 @@
+//! The confirmation manager end to end (issue 14 points 2 and 3): the whole pipeline — allocator,
+//! signer gateway, broadcaster, receipt checker, confirmation manager — on an anvil that mines
+//! only when told (`--no-mining`, `evm_mine`), reorganised with `anvil_reorg`, against real
+//! PostgreSQL and broker.
+//!
+//! - TxConfirmed comes after exactly `confirmations.required` blocks (the transaction's own
+//!   included), once per transaction (one `event_id`), in each signer's nonce order, after its
+//!   TxAccepted; the lists grow one block at a time with `new_fork = false`;
+//! - a reorg shallower than the depth that replaces a later block announces `new_fork = true` with
+//!   the complete list; one that removes the transaction's block sends it back to SUBMITTED, it is
+//!   sent again, mined again and confirmed once;
+//! - a reorg deeper than the depth after TxConfirmed raises the critical alert, announces
+//!   `new_fork = true`; once a defensive cancellation (signed here by the test: see the
+//!   confirmation manager's documentation) consumed the nonce at depth, the transaction is
+//!   re-evaluated (SIMULATED), sent with a fresh nonce and confirmed again under a new `event_id`;
+//! - replaying `tx.receipts` from the beginning changes nothing and re-emits the same TxConfirmed
+//!   `event_id`s.
+//!
+//! Waiting is by condition with a deadline; nothing sleeps to synchronise.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use alloy::network::TransactionBuilder;
+use alloy::primitives::{Address, Bytes, U256};
+use alloy::providers::Provider;
+use alloy::providers::ext::AnvilApi;
+use alloy::rpc::types::TransactionRequest;
+use alloy::rpc::types::anvil::{ReorgOptions, TransactionData};
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use txflow_core::chain::{UnsignedTx, sign};
+use txflow_core::codec::RegistryCodec;
+use txflow_core::config::Config;
+use txflow_core::deps::Deps;
+use txflow_core::domain::NodeId;
+use txflow_core::events::{TxAccepted, TxConfirmationsUpdated, TxConfirmed};
+use txflow_core::lease::LeaseConfig;
+use txflow_tests::pipeline::Pipeline;
+use txflow_tests::{AnvilNode, group_consumer, registry_url, unique, wait_until};
+
+const LONG: Duration = Duration::from_secs(120);
+
+/// anvil's first dev account (unlocked): the sender of the outsiders' transactions that make a
+/// reorg's new blocks differ from the old ones.
+const OUTSIDER: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
+
+// ---------------------------------------------------------------------------------------------
+// The pipeline and what it announced.
+// ---------------------------------------------------------------------------------------------
+
+/// The pipeline on a `--no-mining` anvil with `required` confirmations, the confirmation manager
+/// started by the test (so that it can be stopped and restarted alone).
+struct Run {
+    p: Pipeline,
+    cm: Option<(CancellationToken, JoinHandle<()>)>,
+    events: Events,
+}
+
+impl Run {
+    async fn start(signers: usize, required: u32) -> Run {
+        let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
+        let mut p = Pipeline::prepare_on(anvil, signers, |c| {
+            c.confirmations_required = required;
+        })
+        .await;
+        let config = p.config.clone();
+        p.start_allocator(&config, "alloc-1").await;
+        p.start_signer_gateway(&config).await;
+        p.start_broadcaster(&config).await;
+        p.start_receipt_checker(&config).await;
+        let events = Events::new(&p.config);
+        let mut run = Run {
+            p,
+            cm: None,
+            events,
+        };
+        run.start_cm("confirm-1").await;
+        run
+    }
+
+    async fn start_cm(&mut self, name: &str) {
+        let deps = Deps::connect(&self.p.config, 1).await.expect("clients");
+        let rt = txflow_confirmation_manager::runtime(
+            &deps,
+            NodeId::named(unique(name)),
+            LeaseConfig::default(),
+        )
+        .await
+        .expect("confirmation manager");
+        let token = CancellationToken::new();
+        let t = token.clone();
+        let task = tokio::spawn(async move {
+            rt.run(t).await.expect("the confirmation manager runs");
+            drop(deps);
+        });
+        self.cm = Some((token, task));
+    }
+
+    async fn stop_cm(&mut self) {
+        if let Some((token, task)) = self.cm.take() {
+            token.cancel();
+            tokio::time::timeout(LONG, task)
+                .await
+                .expect("the confirmation manager stops")
+                .expect("the confirmation manager task");
+        }
+    }
+
+    async fn finish(mut self) {
+        self.stop_cm().await;
+        let Run { p, events, .. } = self;
+        drop(events);
+        p.stop().await;
+    }
+
+    /// Mines `n` blocks.
+    async fn mine(&self, n: u64) {
+        let provider = self.p.provider();
+        for _ in 0..n {
+            provider.evm_mine(None).await.expect("evm_mine");
+        }
+    }
+
+    async fn head(&self) -> u64 {
+        self.p.provider().get_block_number().await.expect("head")
+    }
+
+    /// The canonical hash of block `n`, lowercase 0x-hex.
+    async fn hash_at(&self, n: u64) -> String {
+        let block = self
+            .p
+            .provider()
+            .get_block_by_number(n.into())
+            .await
+            .expect("block")
+            .expect("the block exists");
+        format!("{:#x}", block.header.hash)
+    }
+
+    /// Replaces the last `depth` blocks with as many new ones, the first holding a transfer of
+    /// an outsider's (so that the new blocks differ from the old ones); transactions of the old
+    /// blocks are dropped (anvil does not put them back in its pool).
+    async fn reorg(&self, depth: u64) {
+        let outsider = TransactionRequest::default()
+            .with_from(OUTSIDER.parse::<Address>().expect("address"))
+            .with_to(
+                txflow_tests::pipeline::SINK
+                    .parse::<Address>()
+                    .expect("sink"),
+            )
+            .with_value(U256::from(depth))
+            .with_gas_limit(21_000);
+        self.p
+            .provider()
+            .anvil_reorg(ReorgOptions {
+                depth,
+                tx_block_pairs: vec![(TransactionData::JSON(outsider), 0)],
+            })
+            .await
+            .expect("anvil_reorg");
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        self.p.count(sql).await
+    }
+
+    async fn wait_count(&self, what: &str, sql: &str, n: i64) {
+        wait_until(what, LONG, || async { self.count(sql).await == n }).await;
+    }
+
+    /// Sends `requests` requests per signer, and waits until all are submitted to the node's pool.
+    async fn submit(&self, prefix: &str, requests: usize) -> Vec<String> {
+        let mut ids = Vec::new();
+        for s in 0..self.p.signers.len() {
+            for i in 0..requests {
+                let id = format!("{prefix}-{s}-{i}");
+                self.p.send(&self.p.request(s, &id)).await;
+                ids.push(id);
+            }
+        }
+        let n = ids.len() as i64;
+        self.wait_count(
+            "every request submitted",
+            &format!(
+                "SELECT count(*) FROM managed_tx WHERE state = 'SUBMITTED' AND request_id LIKE '{prefix}-%'"
+            ),
+            n,
+        )
+        .await;
+        ids
+    }
+
+    /// Waits until every transaction of `prefix` is MINED or CONFIRMED with a list of `len`
+    /// blocks announced.
+    async fn wait_lists(&self, prefix: &str, n: i64, len: i64) {
+        self.wait_count(
+            &format!("{n} transactions announced with {len} confirmations"),
+            &format!(
+                "SELECT count(*) FROM managed_tx WHERE request_id LIKE '{prefix}-%'
+                 AND state IN ('MINED', 'CONFIRMED') AND jsonb_array_length(confirmations) = {len}"
+            ),
+            n,
+        )
+        .await;
+    }
+
+    async fn tx_id(&self, request_id: &str) -> uuid::Uuid {
+        sqlx::query_scalar("SELECT tx_id FROM managed_tx WHERE request_id = $1")
+            .bind(request_id)
+            .fetch_one(&self.p.db.pool)
+            .await
+            .expect("tx id")
+    }
+
+    async fn state(&self, request_id: &str) -> String {
+        sqlx::query_scalar("SELECT state FROM managed_tx WHERE request_id = $1")
+            .bind(request_id)
+            .fetch_one(&self.p.db.pool)
+            .await
+            .expect("state")
+    }
+}
+
+/// What is on `tx.confirmations` and `tx.outcomes`, read from the beginning.
+struct Events {
+    consumer: StreamConsumer,
+    codec: RegistryCodec,
+    confirmations: String,
+    outcomes: String,
+    seen: Vec<Seen>,
+}
+
+#[derive(Debug, Clone)]
+enum Decoded {
+    List(TxConfirmationsUpdated),
+    Confirmed(TxConfirmed),
+    Accepted(TxAccepted),
+    Other,
+}
+
+#[derive(Debug, Clone)]
+struct Seen {
+    key: String,
+    partition: i32,
+    event_id: String,
+    event: Decoded,
+}
+
+impl Events {
+    fn new(config: &Config) -> Events {
+        let consumer = group_consumer(&config.kafka, &unique("confirmations-read"));
+        let confirmations = config.topics.tx_confirmations();
+        let outcomes = config.topics.tx_outcomes();
+        let mut list = TopicPartitionList::new();
+        for t in [&confirmations, &outcomes] {
+            for p in 0..config.partitions {
+                list.add_partition_offset(t, p, Offset::Beginning)
+                    .expect("partition");
+            }
+        }
+        consumer.assign(&list).expect("assign");
+        Events {
+            consumer,
+            codec: RegistryCodec::new(registry_url()),
+            confirmations,
+            outcomes,
+            seen: Vec::new(),
+        }
+    }
+
+    async fn decode(&self, m: &OwnedMessage) -> Decoded {
+        let Some(bytes) = m.payload() else {
+            return Decoded::Other;
+        };
+        if m.topic() == self.confirmations {
+            return Decoded::List(self.codec.decode(bytes).await.expect("a confirmation list"));
+        }
+        if m.topic() == self.outcomes {
+            if let Ok(c) = self.codec.decode::<TxConfirmed>(bytes).await {
+                return Decoded::Confirmed(c);
+            }
+            if let Ok(a) = self.codec.decode::<TxAccepted>(bytes).await {
+                return Decoded::Accepted(a);
+            }
+        }
+        Decoded::Other
+    }
+
+    /// Reads until `done` holds for what was seen, or panics after [`LONG`].
+    async fn until(&mut self, what: &str, done: impl Fn(&[Seen]) -> bool) {
+        let deadline = tokio::time::Instant::now() + LONG;
+        while !done(&self.seen) {
+            match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
+                Ok(Ok(m)) => {
+                    let m = m.detach();
+                    let event = self.decode(&m).await;
+                    let event_id = m
+                        .headers()
+                        .and_then(|h| {
+                            h.iter()
+                                .find(|x| x.key == "event_id")
+                                .and_then(|x| x.value)
+                                .map(|v| String::from_utf8_lossy(v).into_owned())
+                        })
+                        .expect("every output carries an event_id header");
+                    self.seen.push(Seen {
+                        key: m
+                            .key()
+                            .map(|k| String::from_utf8_lossy(k).into_owned())
+                            .unwrap_or_default(),
+                        partition: m.partition(),
+                        event_id,
+                        event,
+                    });
+                }
+                Ok(Err(e)) => panic!("reading while waiting until {what}: {e}"),
+                Err(_) => panic!(
+                    "timed out after {LONG:?} waiting until {what} ({} events seen)",
+                    self.seen.len()
+                ),
+            }
+        }
+    }
+}
+
+fn confirmed(seen: &[Seen]) -> Vec<(&Seen, &TxConfirmed)> {
+    seen.iter()
+        .filter_map(|s| match &s.event {
+            Decoded::Confirmed(c) => Some((s, c)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn lists_of<'a>(seen: &'a [Seen], tx_id: &str) -> Vec<&'a TxConfirmationsUpdated> {
+    seen.iter()
+        .filter_map(|s| match &s.event {
+            Decoded::List(l) if l.tx_id == tx_id => Some(l),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Distinct TxConfirmed event ids per transaction.
+fn confirmed_ids(seen: &[Seen]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut ids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (s, c) in confirmed(seen) {
+        assert_eq!(s.event_id, c.event_id, "the header names the event");
+        ids.entry(c.tx_id.clone())
+            .or_default()
+            .insert(c.event_id.clone());
+    }
+    ids
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tx_confirmed_comes_after_exactly_the_required_blocks_once_per_transaction_in_nonce_order()
+{
+    let mut run = Run::start(2, 3).await;
+    let ids = run.submit("c", 3).await;
+    let n = ids.len() as i64;
+    let block = run.head().await + 1;
+    run.mine(1).await;
+    run.wait_lists("c", n, 1).await;
+    run.mine(1).await;
+    run.wait_lists("c", n, 2).await;
+    assert_eq!(
+        run.count("SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'")
+            .await,
+        0,
+        "two blocks of three: nothing final"
+    );
+    assert_eq!(
+        run.count("SELECT count(*) FROM tx_events WHERE type = 'TxConfirmed'")
+            .await,
+        0
+    );
+    run.mine(1).await;
+    run.wait_count(
+        "every transaction confirmed at the third block",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'
+         AND jsonb_array_length(confirmations) = 3 AND confirmed_at IS NOT NULL",
+        n,
+    )
+    .await;
+
+    // Past the watch of a final transaction (64 blocks): no longer followed, nothing announced.
+    run.p
+        .provider()
+        .anvil_mine(Some(70), None)
+        .await
+        .expect("anvil_mine");
+    run.wait_count(
+        "every final transaction past its watch",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED' AND watch_until_block IS NULL",
+        n,
+    )
+    .await;
+    assert_eq!(
+        run.count("SELECT count(*) FROM tx_events WHERE type = 'TxConfirmationsUpdated'")
+            .await,
+        3 * n,
+        "one list per block, up to the depth"
+    );
+    assert_eq!(
+        run.count("SELECT count(*) FROM tx_events WHERE type = 'TxConfirmed'")
+            .await,
+        n
+    );
+
+    run.events
+        .until("every TxConfirmed and every list of three", |seen| {
+            let done = confirmed_ids(seen);
+            done.len() as i64 == n
+                && done.keys().all(|tx| {
+                    lists_of(seen, tx)
+                        .iter()
+                        .any(|l| l.confirmations.len() == 3)
+                })
+        })
+        .await;
+    let seen = run.events.seen.clone();
+    for (tx, ids) in confirmed_ids(&seen) {
+        assert_eq!(ids.len(), 1, "{tx}: one event_id");
+    }
+    for (_, c) in confirmed(&seen) {
+        assert_eq!(c.block_number as u64, block, "{c:?}");
+        assert_eq!(c.block_hash, run.hash_at(block).await);
+        assert_eq!((c.confirmations, c.success), (3, true));
+        // Lists of 1, 2 and 3 blocks, each extending the one before.
+        let lists = lists_of(&seen, &c.tx_id);
+        let lens: Vec<usize> = lists.iter().map(|l| l.confirmations.len()).collect();
+        assert_eq!(lens, vec![1, 2, 3], "{}", c.tx_id);
+        assert!(lists.iter().all(|l| !l.new_fork));
+        for w in lists.windows(2) {
+            assert!(w[1].confirmations.starts_with(&w[0].confirmations));
+        }
+        assert_eq!(lists[2].confirmations[0].hash, c.block_hash);
+    }
+    // Per signer (one key, one partition), in order: each transaction's TxAccepted before its
+    // TxConfirmed, and the TxConfirmed in nonce order.
+    let mut keys: BTreeMap<&str, Vec<&Seen>> = BTreeMap::new();
+    for s in &seen {
+        if matches!(s.event, Decoded::Confirmed(_) | Decoded::Accepted(_)) {
+            keys.entry(s.key.as_str()).or_default().push(s);
+        }
+    }
+    assert_eq!(keys.len(), 2);
+    for (key, events) in keys {
+        assert!(events.iter().all(|s| s.partition == events[0].partition));
+        let nonces: Vec<i64> = events
+            .iter()
+            .filter_map(|s| match &s.event {
+                Decoded::Confirmed(c) => Some(c.nonce),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(nonces, vec![0, 1, 2], "{key}: TxConfirmed in nonce order");
+        for (i, s) in events.iter().enumerate() {
+            if let Decoded::Confirmed(c) = &s.event {
+                assert!(
+                    events[..i]
+                        .iter()
+                        .any(|a| matches!(&a.event, Decoded::Accepted(a) if a.tx_id == c.tx_id)),
+                    "{key}: TxAccepted of {} before its TxConfirmed",
+                    c.tx_id
+                );
+            }
+        }
+    }
+    assert!(
+        run.p
+            .announced_events_missing_from_topics(LONG)
+            .await
+            .is_empty()
+    );
+    run.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reorg_shallower_than_the_depth_announces_a_new_fork_and_a_dropped_transaction_is_sent_again_and_confirmed_once()
+ {
+    let mut run = Run::start(1, 4).await;
+    run.submit("s", 1).await;
+    let tx_id = run.tx_id("s-0-0").await.to_string();
+    let block = run.head().await + 1;
+    run.mine(3).await;
+    run.wait_lists("s", 1, 3).await;
+
+    // A reorg of the last block: the transaction's block stays, the list's last block changes.
+    run.reorg(1).await;
+    let expected = [
+        run.hash_at(block).await,
+        run.hash_at(block + 1).await,
+        run.hash_at(block + 2).await,
+    ];
+    run.events
+        .until("a new fork with the complete list", |seen| {
+            lists_of(seen, &tx_id)
+                .iter()
+                .any(|l| l.new_fork && l.confirmations.iter().map(|b| &b.hash).eq(expected.iter()))
+        })
+        .await;
+    assert_eq!(run.state("s-0-0").await, "MINED");
+
+    // A reorg of its block: back to SUBMITTED, announced empty, sent again.
+    run.reorg(3).await;
+    run.events
+        .until("the transaction's block announced gone", |seen| {
+            lists_of(seen, &tx_id)
+                .iter()
+                .any(|l| l.new_fork && l.confirmations.is_empty())
+        })
+        .await;
+    let reorgs = run
+        .count("SELECT count(*) FROM tx_events WHERE type = 'TxReorged'")
+        .await;
+    assert_eq!(reorgs, 1);
+    wait_until(
+        "the dropped transaction is in anvil's pool again",
+        LONG,
+        || async { run.p.pool_status().await.0 != "0x0" },
+    )
+    .await;
+    let again = run.head().await + 1;
+    run.mine(1).await;
+    run.wait_count(
+        "mined again in the next block",
+        &format!(
+            "SELECT count(*) FROM managed_tx WHERE request_id = 's-0-0' AND state = 'MINED'
+             AND mined_block_number = {again}"
+        ),
+        1,
+    )
+    .await;
+    run.mine(3).await;
+    run.wait_count(
+        "confirmed",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'",
+        1,
+    )
+    .await;
+    run.events
+        .until("its TxConfirmed", |seen| !confirmed(seen).is_empty())
+        .await;
+    let seen = run.events.seen.clone();
+    let ids = confirmed_ids(&seen);
+    assert_eq!(
+        ids.get(&tx_id).map(BTreeSet::len),
+        Some(1),
+        "confirmed once"
+    );
+    let (_, c) = confirmed(&seen)[0];
+    assert_eq!(c.block_number as u64, again);
+    assert_eq!(c.block_hash, run.hash_at(again).await);
+    let markers = run.p.mined_markers().await;
+    assert_eq!(markers.get("txflow:s-0-0"), Some(&1), "{markers:?}");
+    run.finish().await;
+}
+
+/// The events the critical alerts carry (`target: txflow::alert`), as this process logged them.
+#[derive(Clone, Default)]
+struct Alerts(Arc<Mutex<Vec<String>>>);
+
+impl Alerts {
+    fn install() -> Alerts {
+        use tracing_subscriber::layer::SubscriberExt;
+        let alerts = Alerts::default();
+        let subscriber = tracing_subscriber::registry().with(alerts.clone());
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        alerts
+    }
+
+    fn raised(&self, event: &str) -> bool {
+        self.0
+            .lock()
+            .map(|a| a.iter().any(|e| e == event))
+            .unwrap_or(false)
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Alerts {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Name(Option<String>);
+        impl tracing::field::Visit for Name {
+            fn record_str(&mut self, f: &tracing::field::Field, v: &str) {
+                if f.name() == "event" {
+                    self.0 = Some(v.to_string());
+                }
+            }
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "event" && self.0.is_none() {
+                    self.0 = Some(format!("{v:?}").trim_matches('"').to_string());
+                }
+            }
+        }
+        if event.metadata().target() == "txflow::alert"
+            && *event.metadata().level() == tracing::Level::ERROR
+        {
+            let mut name = Name(None);
+            event.record(&mut name);
+            if let (Some(n), Ok(mut a)) = (name.0, self.0.lock()) {
+                a.push(n);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reorg_deeper_than_the_depth_raises_the_alert_announces_a_new_fork_and_re_evaluates_once_the_nonce_is_cancelled()
+ {
+    let alerts = Alerts::install();
+    let mut run = Run::start(1, 2).await;
+    run.submit("d", 1).await;
+    let tx = run.tx_id("d-0-0").await;
+    let tx_id = tx.to_string();
+    run.mine(2).await;
+    run.wait_count(
+        "confirmed",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'",
+        1,
+    )
+    .await;
+    let first = txflow_confirmation_manager::decide::confirmed_event_id(tx, 0).to_string();
+
+    // Three blocks replaced: its block (two below the head) is gone after TxConfirmed.
+    run.mine(1).await;
+    run.reorg(3).await;
+    run.wait_count(
+        "undone by a deep reorg: re-evaluated, generation 1",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED' AND reorged_at IS NOT NULL
+         AND reorg_generation = 1 AND receipt IS NULL",
+        1,
+    )
+    .await;
+    assert!(
+        alerts.raised(txflow_confirmation_manager::DEEP_REORG_ALERT),
+        "the critical alert"
+    );
+    run.events
+        .until("the new fork announced", |seen| {
+            lists_of(seen, &tx_id)
+                .iter()
+                .any(|l| l.new_fork && l.confirmations.is_empty())
+        })
+        .await;
+    // Nothing sends the original again: it stays out of the pool.
+    assert_eq!(run.p.pool_status().await.0, "0x0");
+
+    // The defensive cancellation of its nonce (a 0-value self-transfer with a high tip), as the
+    // signer gateway is to sign it, mined and buried at the depth.
+    let key = run.p.signers[0].clone();
+    let cancel = sign(
+        &key,
+        &UnsignedTx {
+            chain_id: 31337,
+            nonce: 0,
+            to: key.address(),
+            value: U256::ZERO,
+            data: Bytes::new(),
+            gas_limit: 21_000,
+            max_fee_per_gas: 200_000_000_000,
+            max_priority_fee_per_gas: 100_000_000_000,
+        },
+    )
+    .expect("sign the cancellation");
+    let pending = run
+        .p
+        .provider()
+        .send_raw_transaction(&cancel.raw)
+        .await
+        .expect("send the cancellation");
+    assert_eq!(*pending.tx_hash(), cancel.hash);
+    run.mine(2).await;
+    // Undone: SIMULATED, then re-allocated a fresh nonce and submitted.
+    run.wait_count(
+        "re-evaluated and submitted at a fresh nonce",
+        "SELECT count(*) FROM managed_tx WHERE state = 'SUBMITTED' AND nonce = 1
+         AND reorged_at IS NULL AND confirmed_at IS NULL",
+        1,
+    )
+    .await;
+    assert_eq!(
+        run.count("SELECT count(*) FROM tx_events WHERE type = 'TxReorgUndone'")
+            .await,
+        1
+    );
+    run.mine(2).await;
+    run.wait_count(
+        "confirmed again",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED' AND reorged_at IS NULL",
+        1,
+    )
+    .await;
+    let second = txflow_confirmation_manager::decide::confirmed_event_id(tx, 1).to_string();
+    run.events
+        .until(
+            "both TxConfirmed, and the list of two blocks at nonce 1",
+            |seen| {
+                confirmed_ids(seen).get(&tx_id).map(BTreeSet::len) == Some(2)
+                    && lists_of(seen, &tx_id)
+                        .iter()
+                        .any(|l| l.nonce == 1 && l.confirmations.len() == 2)
+            },
+        )
+        .await;
+    let seen = run.events.seen.clone();
+    assert_eq!(
+        confirmed_ids(&seen).get(&tx_id),
+        Some(&BTreeSet::from([first.clone(), second.clone()]))
+    );
+    // The first TxConfirmed before the second (one key, one partition); between them, on
+    // tx.confirmations, the new fork that voided the first.
+    let at = |id: &str| seen.iter().position(|s| s.event_id == id).expect("seen");
+    assert!(at(&first) < at(&second));
+    let lists = lists_of(&seen, &tx_id);
+    let fork = lists
+        .iter()
+        .position(|l| l.new_fork && l.confirmations.is_empty())
+        .expect("the new fork");
+    assert!(
+        lists[fork + 1..]
+            .iter()
+            .any(|l| l.confirmations.len() == 2 && !l.new_fork),
+        "then the list of the transaction mined again: {lists:?}"
+    );
+    // On the chain: nonce 0 is the cancellation, the request's transfer is mined once, at nonce 1.
+    let mined = run.p.mined().await;
+    assert_eq!(mined.len(), 2, "{mined:?}");
+    assert_eq!((mined[0].nonce, mined[0].value), (0, U256::ZERO));
+    assert_eq!(mined[1].nonce, 1);
+    assert_eq!(mined[1].marker(), "txflow:d-0-0");
+    run.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_of_the_receipts_changes_nothing_and_re_emits_the_same_event_ids() {
+    let mut run = Run::start(2, 2).await;
+    let ids = run.submit("r", 2).await;
+    let n = ids.len() as i64;
+    run.mine(2).await;
+    run.wait_count(
+        "every transaction confirmed",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'",
+        n,
+    )
+    .await;
+    run.events
+        .until("every TxConfirmed", |seen| {
+            confirmed_ids(seen).len() as i64 == n
+        })
+        .await;
+    let before_ids = confirmed_ids(&run.events.seen);
+    run.stop_cm().await;
+
+    let snapshot = |pool: sqlx::PgPool| async move {
+        type Row = (
+            uuid::Uuid,
+            String,
+            Option<i64>,
+            Option<i64>,
+            Option<serde_json::Value>,
+        );
+        let txs: Vec<Row> =
+            sqlx::query_as(
+                "SELECT tx_id, state, nonce, fencing_token, confirmations FROM managed_tx ORDER BY tx_id",
+            )
+            .fetch_all(&pool)
+            .await
+            .expect("managed_tx");
+        let events: Vec<(uuid::Uuid, String)> =
+            sqlx::query_as("SELECT event_id, type FROM tx_events ORDER BY event_id")
+                .fetch_all(&pool)
+                .await
+                .expect("tx_events");
+        format!("{txs:?}\n{events:?}")
+    };
+    let before = snapshot(run.p.db.pool.clone()).await;
+    let onchain = run.p.mined_count().await;
+
+    // The group back to the beginning of tx.receipts, then the confirmation manager again.
+    let group = format!("{}.confirmation-manager", run.p.config.group_prefix());
+    let consumer = group_consumer(&run.p.config.kafka, &group);
+    let mut offsets = TopicPartitionList::new();
+    for p in 0..run.p.config.partitions {
+        offsets
+            .add_partition_offset(&run.p.config.topics.tx_receipts(), p, Offset::Offset(0))
+            .expect("partition");
+    }
+    consumer
+        .commit(&offsets, CommitMode::Sync)
+        .expect("reset the group's offsets");
+    drop(consumer);
+    let seen_before = run.events.seen.len();
+    run.start_cm("confirm-2").await;
+
+    // Every TxConfirmed again, with the same event_id.
+    run.events
+        .until("every TxConfirmed re-emitted", |seen| {
+            let again: BTreeSet<&str> = confirmed(&seen[seen_before..])
+                .into_iter()
+                .map(|(_, c)| c.tx_id.as_str())
+                .collect();
+            again.len() as i64 == n
+        })
+        .await;
+    assert_eq!(
+        confirmed_ids(&run.events.seen),
+        before_ids,
+        "the same event_ids"
+    );
+    assert_eq!(
+        snapshot(run.p.db.pool.clone()).await,
+        before,
+        "nothing changed"
+    );
+    assert_eq!(run.p.mined_count().await, onchain, "nothing sent");
+    assert_eq!(run.p.pool_status().await.0, "0x0");
+    run.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_undone_by_a_deep_reorg_and_mined_again_is_confirmed_again_at_its_nonce() {
+    let mut run = Run::start(1, 2).await;
+    run.submit("m", 1).await;
+    let tx = run.tx_id("m-0-0").await;
+    let tx_id = tx.to_string();
+    run.mine(2).await;
+    run.wait_count(
+        "confirmed",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'",
+        1,
+    )
+    .await;
+    run.reorg(2).await;
+    run.wait_count(
+        "undone by a deep reorg",
+        "SELECT count(*) FROM managed_tx WHERE reorged_at IS NOT NULL AND receipt IS NULL",
+        1,
+    )
+    .await;
+
+    // Another node still had the original in its pool and includes it again.
+    let raw: Vec<u8> =
+        sqlx::query_scalar("SELECT raw_tx FROM tx_attempts WHERE tx_id = $1 AND attempt = 1")
+            .bind(tx)
+            .fetch_one(&run.p.db.pool)
+            .await
+            .expect("the signed bytes");
+    let _ = run
+        .p
+        .provider()
+        .send_raw_transaction(&raw)
+        .await
+        .expect("send the original again");
+    let again = run.head().await + 1;
+    run.mine(1).await;
+    run.wait_count(
+        "followed again from the block it is mined in now",
+        &format!(
+            "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED' AND reorged_at IS NOT NULL
+             AND mined_block_number = {again} AND (receipt->>'attempt')::int = 1"
+        ),
+        1,
+    )
+    .await;
+    run.mine(1).await;
+    run.wait_count(
+        "final again",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED' AND reorged_at IS NULL
+         AND reorg_generation = 1 AND watch_until_block IS NOT NULL",
+        1,
+    )
+    .await;
+    run.events
+        .until("the second TxConfirmed", |seen| {
+            confirmed_ids(seen).get(&tx_id).map(BTreeSet::len) == Some(2)
+        })
+        .await;
+    let seen = run.events.seen.clone();
+    let second = txflow_confirmation_manager::decide::confirmed_event_id(tx, 1).to_string();
+    let (_, c) = confirmed(&seen)
+        .into_iter()
+        .find(|(s, _)| s.event_id == second)
+        .expect("the TxConfirmed of generation 1");
+    assert_eq!((c.block_number as u64, c.nonce), (again, 0));
+    let mined = run.p.mined().await;
+    assert_eq!(mined.len(), 1, "{mined:?}");
+    assert_eq!(mined[0].marker(), "txflow:m-0-0");
+    run.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reverted_transaction_is_settled_at_the_depth_with_success_false_and_keeps_its_state() {
+    use alloy::signers::local::PrivateKeySigner;
+    use txflow_core::chain::ChainClient as _;
+    use txflow_core::domain::{ChainId, Signer};
+    use txflow_core::lease::{Acquisition, LeaseManager};
+    use txflow_core::role::Role;
+    use txflow_core::stage::{DriveCtx, Handler as _};
+    use txflow_tests::fake_chain::FakeChain;
+
+    let db = txflow_tests::TestDb::new().await;
+    let chain = Arc::new(FakeChain::new());
+    let key = PrivateKeySigner::random();
+    let signer = format!("{:#x}", key.address());
+    let sink: Address = txflow_tests::pipeline::SINK.parse().expect("sink");
+    chain.revert_calls_to(sink);
+    let signed = sign(
+        &key,
+        &UnsignedTx {
+            chain_id: 31337,
+            nonce: 0,
+            to: sink,
+            value: U256::from(1),
+            data: Bytes::new(),
+            gas_limit: 21_000,
+            max_fee_per_gas: 2_000_000_000,
+            max_priority_fee_per_gas: 1_000_000_000,
+        },
+    )
+    .expect("sign");
+    chain.send_raw(&signed.raw).await.expect("pooled");
+    chain.mine();
+    let r = chain
+        .receipt(signed.hash)
+        .await
+        .expect("receipt")
+        .expect("mined");
+    assert!(!r.status, "reverted");
+    let tx = uuid::Uuid::now_v7();
+    let block_hash = format!("{:#x}", r.block_hash);
+    let tx_hash = format!("{:#x}", signed.hash);
+    sqlx::query(
+        "INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, nonce, payload, state,
+                                 receipt, mined_block_number, mined_block_hash)
+         VALUES ($1, 31337, $2, 'rev-0', 0, '{}'::jsonb, 'REVERTED', $3, $4, $5)",
+    )
+    .bind(tx)
+    .bind(&signer)
+    .bind(serde_json::json!({"attempt": 1, "tx_hash": tx_hash, "status": 0}))
+    .bind(r.block_number as i64)
+    .bind(&block_hash)
+    .execute(&db.pool)
+    .await
+    .expect("record the revert");
+
+    let stage = txflow_confirmation_manager::ConfirmStage::new(
+        txflow_confirmation_manager::ConfirmationConfig {
+            chain_id: ChainId(31337),
+            topics: txflow_core::kafka::Topics::new(unique("rev")),
+            required: 2,
+            watch_blocks: 64,
+            poll_interval: Duration::ZERO,
+            resubmit_interval: Duration::from_secs(3600),
+        },
+        chain.clone(),
+    );
+    let leases = LeaseManager::new(
+        db.pool.clone(),
+        Role::ConfirmationManager,
+        NodeId::named(unique("rev")),
+        LeaseConfig::default(),
+    )
+    .expect("leases");
+    let lease = match leases
+        .acquire(ChainId(31337), &Signer::parse(&signer).expect("signer"))
+        .await
+        .expect("acquire")
+    {
+        Acquisition::Held(l, _) => l,
+        busy => panic!("lease not acquired: {busy:?}"),
+    };
+    let drive = || {
+        stage.drive(DriveCtx {
+            lease: &lease,
+            pool: &db.pool,
+            recovery: true,
+        })
+    };
+    let settled = || async {
+        sqlx::query_as::<_, (String, bool)>(
+            "SELECT state, confirmed_at IS NOT NULL FROM managed_tx WHERE tx_id = $1",
+        )
+        .bind(tx)
+        .fetch_one(&db.pool)
+        .await
+        .expect("row")
+    };
+
+    let outs = drive().await.expect("drive");
+    assert_eq!(outs.len(), 1, "one block: its list only");
+    assert_eq!(settled().await, ("REVERTED".to_string(), false));
+    chain.mine();
+    let outs = drive().await.expect("drive");
+    let confirmed_id = txflow_confirmation_manager::decide::confirmed_event_id(tx, 0).to_string();
+    assert_eq!(outs.len(), 2, "its list of two blocks, and its outcome");
+    assert_eq!(outs[1].event_id, confirmed_id);
+    assert_eq!(settled().await, ("REVERTED".to_string(), true));
+    let payload: serde_json::Value = sqlx::query_scalar(
+        "SELECT payload FROM tx_events WHERE tx_id = $1 AND type = 'TxConfirmed'",
+    )
+    .bind(tx)
+    .fetch_one(&db.pool)
+    .await
+    .expect("the recorded outcome");
+    let c: TxConfirmed = serde_json::from_value(payload).expect("a TxConfirmed");
+    assert_eq!(
+        (c.success, c.block_hash.as_str(), c.confirmations),
+        (false, block_hash.as_str(), 2)
+    );
+    chain.mine();
+    assert!(
+        drive().await.expect("drive").is_empty(),
+        "settled: nothing more"
+    );
+}
