@@ -116,6 +116,30 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
     bar.set_position(expected_mined + 1);
     bar.finish_with_message(format!("in {:.1} s", started.elapsed().as_secs_f64()));
 
+    // Followed to finality: every mined request CONFIRMED after its required confirmations.
+    let confirmed = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM managed_tx WHERE request_id LIKE $1 AND state = $2",
+        )
+        .bind(format!("demo-{run}-%"))
+        .bind(TxState::Confirmed.as_str())
+        .fetch_one(&pool)
+        .await
+    };
+    let wait_started = Instant::now();
+    while (confirmed().await? as u64) < expected_mined + 1 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "not everything was confirmed within 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "confirmed ({} confirmations each) {:.1} s after the last was mined",
+        config.confirmations_required,
+        wait_started.elapsed().as_secs_f64()
+    );
+
     // Outcomes per signer, from PostgreSQL, next to what the chain says.
     let rows: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT signer, state, count(*) FROM managed_tx WHERE request_id LIKE $1 GROUP BY signer, state ORDER BY signer, state",
@@ -124,8 +148,8 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
     .fetch_all(&pool)
     .await?;
     println!(
-        "\n{:<44} {:>9} {:>7} {:>11}",
-        "signer", "submitted", "failed", "on chain"
+        "\n{:<44} {:>9} {:>9} {:>7} {:>11}",
+        "signer", "in flight", "confirmed", "failed", "on chain"
     );
     for i in 0..SIGNERS {
         let s = p.signer(i);
@@ -141,8 +165,9 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
             .latest()
             .await?;
         println!(
-            "{s:<44} {:>9} {:>7} {:>11}",
-            count(TxState::Submitted),
+            "{s:<44} {:>9} {:>9} {:>7} {:>11}",
+            count(TxState::Submitted) + count(TxState::Mined),
+            count(TxState::Confirmed),
             count(TxState::Failed),
             on_chain
         );

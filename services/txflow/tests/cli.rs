@@ -193,13 +193,22 @@ async fn the_demo_runs_end_to_end_and_reports_every_signer() {
         "300 requests and the approved one are mined:\n{stdout}"
     );
     assert!(stdout.contains("SIMULATION_REVERTED"), "{stdout}");
-    // The chain agrees: 301 transactions from the demo's signers, nothing left in the pool.
-    let mined: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM managed_tx WHERE state = 'SUBMITTED'")
+    // Followed to finality: the 301 mined transactions are CONFIRMED, each with one TxConfirmed
+    // recorded, and nothing is left in flight.
+    let confirmed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'")
             .fetch_one(&db.pool)
             .await
             .expect("count");
-    assert_eq!(mined, 301);
+    assert_eq!(confirmed, 301, "{stdout}");
+    let announced: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT tx_id) FROM tx_events WHERE type = 'TxConfirmed'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count");
+    assert_eq!(announced, 301);
+    assert!(stdout.contains("confirmed ("), "{stdout}");
 }
 
 /// SIGTERM (what a supervisor sends) stops a role cleanly: it finishes its batch and releases its
