@@ -1,10 +1,11 @@
-//! Crash recovery of the first three stages (issue 6): `txflow allocator`, `txflow signer-gateway`
-//! and `txflow broadcaster` run as processes of the test's own, each under a supervisor that
-//! restarts it when it dies. Every run of a stage aborts (as `kill -9` would: no destructors, no
-//! flush) at the next fault point of its schedule, and the test also `kill -9`s each stage once
-//! from outside. 500 requests over 4 signers; afterwards every request has exactly one mined
-//! transaction, nothing is left in anvil's pool, `(signer, nonce)` is unique in PostgreSQL and
-//! every announced event recorded in `tx_events` is on its topic (the outbox, issue 12 point 4).
+//! Crash recovery of the pipeline (issues 6 and 14): `txflow allocator`, `signer-gateway`,
+//! `broadcaster`, `receipt-checker` and `confirmation-manager` run as processes of the test's own,
+//! each under a supervisor that restarts it when it dies. Every run of a stage aborts (as `kill -9`
+//! would: no destructors, no flush) at the next fault point of its schedule, and the test also
+//! `kill -9`s each stage once from outside. 500 requests over 4 signers; afterwards every request
+//! has exactly one mined transaction and is CONFIRMED with one TxConfirmed, nothing is left in
+//! anvil's pool, `(signer, nonce)` is unique in PostgreSQL and every announced event recorded in
+//! `tx_events` is on its topic (the outbox, issue 12 point 4).
 
 mod common;
 
@@ -52,13 +53,35 @@ async fn every_request_mines_exactly_once_while_each_stage_is_killed_at_each_fau
     );
     let broadcaster = Supervised::start(
         "broadcaster",
-        env,
+        env.clone(),
         &[
             "stage.after_commit@2",
             "stage.after_call@2",
             "stage.after_produce@2",
             "stage.mid_batch@2",
             "stage.after_drive@1",
+        ],
+    );
+
+    // Finality (issue 14): the receipt checker and the confirmation manager, killed the same way.
+    let receipts = Supervised::start(
+        "receipt-checker",
+        env.clone(),
+        &[
+            "stage.after_commit@2",
+            "stage.after_produce@2",
+            "stage.after_drive@2",
+            "stage.mid_batch@2",
+        ],
+    );
+    let confirmations = Supervised::start(
+        "confirmation-manager",
+        env,
+        &[
+            "stage.after_commit@2",
+            "stage.after_produce@2",
+            "stage.after_drive@3",
+            "stage.mid_batch@2",
         ],
     );
 
@@ -78,6 +101,8 @@ async fn every_request_mines_exactly_once_while_each_stage_is_killed_at_each_fau
             allocator.kill_9().await;
             signer.kill_9().await;
             broadcaster.kill_9().await;
+            receipts.kill_9().await;
+            confirmations.kill_9().await;
         }
     }
     wait_until("every request is mined", LONG, || async {
@@ -85,14 +110,30 @@ async fn every_request_mines_exactly_once_while_each_stage_is_killed_at_each_fau
     })
     .await;
 
-    // A transaction mined while its broadcaster was down is recorded when the next one sends it
-    // again and hears "nonce too low" for a hash the chain knows.
-    wait_until("every request is recorded SUBMITTED", LONG, || async {
-        p.count("SELECT count(*) FROM managed_tx WHERE state <> 'SUBMITTED'")
+    // Every request followed to finality: the receipt checker records the receipt of each
+    // transaction (also one mined while its broadcaster was down), the confirmation manager
+    // confirms it after the required confirmations.
+    wait_until("every request is recorded CONFIRMED", LONG, || async {
+        p.count("SELECT count(*) FROM managed_tx WHERE state <> 'CONFIRMED'")
             .await
             == 0
     })
     .await;
+    assert_eq!(
+        p.count("SELECT count(DISTINCT tx_id) FROM tx_events WHERE type = 'TxConfirmed'")
+            .await,
+        REQUESTS as i64,
+        "one TxConfirmed per transaction"
+    );
+    assert_eq!(
+        p.count(
+            "SELECT count(*) FROM (SELECT tx_id FROM tx_events WHERE type = 'TxConfirmed'
+             GROUP BY tx_id HAVING count(*) > 1) d"
+        )
+        .await,
+        0,
+        "no second TxConfirmed event_id for one transaction"
+    );
     // The outbox: every announced event recorded in tx_events is on its topic, also those of a
     // drive or a batch whose process died between the commit and the acknowledgement
     // (stage.after_drive, stage.after_commit), relayed by the recovery scan.
@@ -112,7 +153,7 @@ async fn every_request_mines_exactly_once_while_each_stage_is_killed_at_each_fau
     })
     .await;
     let mut crashes = BTreeMap::new();
-    for s in [allocator, signer, broadcaster] {
+    for s in [allocator, signer, broadcaster, receipts, confirmations] {
         let role = s.role;
         crashes.insert(role, s.finish().await);
     }
@@ -166,6 +207,22 @@ async fn every_request_mines_exactly_once_while_each_stage_is_killed_at_each_fau
                 "stage.after_commit@2",
                 "stage.after_call@2",
                 "stage.after_produce@2",
+            ][..],
+        ),
+        (
+            "receipt-checker",
+            &[
+                "stage.after_commit@2",
+                "stage.after_produce@2",
+                "stage.after_drive@2",
+            ][..],
+        ),
+        (
+            "confirmation-manager",
+            &[
+                "stage.after_commit@2",
+                "stage.after_produce@2",
+                "stage.after_drive@3",
             ][..],
         ),
     ] {
