@@ -13,7 +13,9 @@ use crate::retry::{Classify, Retry};
 pub struct Config {
     /// `TXFLOW_DATABASE_URL`
     pub database_url: String,
-    /// `TXFLOW_BROKERS`
+    /// `TXFLOW_BROKERS`, `TXFLOW_FETCH_WAIT_MAX_MS` and the consumer group settings
+    /// `TXFLOW_GROUP_SESSION_TIMEOUT_MS`, `TXFLOW_GROUP_HEARTBEAT_MS`, `TXFLOW_GROUP_INSTANCE_ID`
+    /// (see [`KafkaSettings`]).
     pub kafka: KafkaSettings,
     /// `TXFLOW_SCHEMA_REGISTRY_URL`
     pub schema_registry_url: String,
@@ -58,6 +60,10 @@ pub struct Config {
     pub rpc_timeout_ms: u64,
     /// Rounds over the RPC endpoints before a call fails (`TXFLOW_RPC_ATTEMPTS`, default 4).
     pub rpc_attempts: u32,
+    /// `TXFLOW_ASSIGNMENT_TIMEOUT_MS`: a stage that has held no partition of its input for this
+    /// long logs an ERROR naming its consumer group (again every such period while it lasts) and
+    /// keeps trying. Default 60000.
+    pub assignment_timeout_ms: u64,
     /// `confirmations.receipt_workers` (`TXFLOW_RECEIPT_WORKERS`, default 10): how many
     /// `eth_getTransactionReceipt` lookups the receipt checker runs at once.
     pub receipt_workers: usize,
@@ -106,6 +112,7 @@ impl std::fmt::Debug for Config {
             .field("resubmit_interval_ms", &self.resubmit_interval_ms)
             .field("rpc_timeout_ms", &self.rpc_timeout_ms)
             .field("rpc_attempts", &self.rpc_attempts)
+            .field("assignment_timeout_ms", &self.assignment_timeout_ms)
             .field("receipt_workers", &self.receipt_workers)
             .field("stale_receipt_timeout_ms", &self.stale_receipt_timeout_ms)
             .field("confirmations_required", &self.confirmations_required)
@@ -189,6 +196,7 @@ impl Default for Config {
             resubmit_interval_ms: 15_000,
             rpc_timeout_ms: 10_000,
             rpc_attempts: 4,
+            assignment_timeout_ms: 60_000,
             receipt_workers: 10,
             stale_receipt_timeout_ms: 60_000,
             confirmations_required: 12,
@@ -228,6 +236,11 @@ impl Config {
             renew_interval: duration / 3,
             clock_skew: (duration / 10).min(std::time::Duration::from_secs(1)),
         }
+    }
+
+    /// How long a stage may hold no partition before it says so (`TXFLOW_ASSIGNMENT_TIMEOUT_MS`).
+    pub fn assignment_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.assignment_timeout_ms)
     }
 
     /// The consumer group prefix: `TXFLOW_GROUP_PREFIX`, or the topic prefix.
@@ -332,6 +345,45 @@ impl Config {
         }
         if let Some(v) = lookup("TXFLOW_GROUP_PREFIX") {
             c.group_prefix = Some(name("TXFLOW_GROUP_PREFIX", v)?);
+        }
+        if let Some(v) = lookup("TXFLOW_GROUP_INSTANCE_ID") {
+            c.kafka.group_instance_id = Some(name("TXFLOW_GROUP_INSTANCE_ID", v)?);
+        }
+        if let Some(v) = lookup("TXFLOW_GROUP_SESSION_TIMEOUT_MS") {
+            c.kafka.session_timeout_ms = match v.parse::<u32>() {
+                Ok(n) if (1_000..=1_800_000).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_GROUP_SESSION_TIMEOUT_MS",
+                        value: v,
+                        why: "expected milliseconds between 1000 and 1800000",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_GROUP_HEARTBEAT_MS") {
+            c.kafka.heartbeat_interval_ms = match v.parse::<u32>() {
+                Ok(n) if (100..=600_000).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_GROUP_HEARTBEAT_MS",
+                        value: v,
+                        why: "expected milliseconds between 100 and 600000",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_ASSIGNMENT_TIMEOUT_MS") {
+            c.assignment_timeout_ms = match v.parse::<u64>() {
+                Ok(n) if (500..=86_400_000).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_ASSIGNMENT_TIMEOUT_MS",
+                        value: v,
+                        why: "expected milliseconds between 500 and 86400000",
+                    });
+                }
+            };
         }
         if let Some(v) = lookup("TXFLOW_LEASE_MS") {
             c.lease_ms = match v.parse::<u64>() {
@@ -490,6 +542,43 @@ mod tests {
         let err = Config::from_lookup(|k| (k == "TXFLOW_NODE_NAME").then(|| "a b".into()))
             .expect_err("a space in a node name");
         assert!(err.to_string().contains("TXFLOW_NODE_NAME"));
+    }
+
+    #[test]
+    fn consumer_group_settings_and_the_assignment_timeout_follow_the_environment() {
+        let d = Config::default();
+        assert_eq!(d.assignment_timeout().as_secs(), 60);
+        assert_eq!(
+            d.kafka.group_instance_id, None,
+            "static membership is opt-in"
+        );
+        let c = Config::from_lookup(|k| match k {
+            "TXFLOW_ASSIGNMENT_TIMEOUT_MS" => Some("3000".into()),
+            "TXFLOW_GROUP_SESSION_TIMEOUT_MS" => Some("4500".into()),
+            "TXFLOW_GROUP_HEARTBEAT_MS" => Some("300".into()),
+            "TXFLOW_GROUP_INSTANCE_ID" => Some("bcast-a".into()),
+            _ => None,
+        })
+        .expect("valid");
+        assert_eq!(c.assignment_timeout().as_millis(), 3000);
+        assert_eq!(c.kafka.session_timeout_ms, 4500);
+        assert_eq!(c.kafka.heartbeat_interval_ms, 300);
+        assert_eq!(c.kafka.group_instance_id.as_deref(), Some("bcast-a"));
+        let shown = format!("{c:?}");
+        assert!(
+            shown.contains("assignment_timeout_ms: 3000") && shown.contains("bcast-a"),
+            "{shown}"
+        );
+        for (var, bad) in [
+            ("TXFLOW_ASSIGNMENT_TIMEOUT_MS", "0"),
+            ("TXFLOW_GROUP_SESSION_TIMEOUT_MS", "10"),
+            ("TXFLOW_GROUP_HEARTBEAT_MS", "x"),
+            ("TXFLOW_GROUP_INSTANCE_ID", "a b"),
+        ] {
+            let err = Config::from_lookup(|k| (k == var).then(|| bad.into()))
+                .expect_err("an invalid value");
+            assert!(err.to_string().contains(var), "{err}");
+        }
     }
 
     #[test]

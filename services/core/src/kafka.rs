@@ -14,6 +14,15 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use crate::retry::{Classify, Retry};
 
 /// Connection and tuning settings shared by producers and consumers.
+///
+/// The consumer group settings decide how fast a stage's partitions change hands when a process
+/// dies (ARCHITECTURE.md, "The broker"):
+/// - a process killed with `kill -9` says nothing; the coordinator hands its partitions to the
+///   others once it has not heard from it for `session_timeout_ms`, and the others learn of the
+///   rebalance at their next heartbeat (`heartbeat_interval_ms`);
+/// - with static membership (`group_instance_id`), a restarted process that comes back under the
+///   same instance id within the session timeout takes its partitions back without a rebalance,
+///   and a stopping process does not leave the group (no LeaveGroup is sent).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KafkaSettings {
     /// `bootstrap.servers`.
@@ -23,9 +32,30 @@ pub struct KafkaSettings {
     pub fetch_wait_max_ms: u32,
     /// Producer batching delay.
     pub linger_ms: u32,
-    /// Consumer group session timeout.
+    /// `session.timeout.ms` (`TXFLOW_GROUP_SESSION_TIMEOUT_MS`): a member not heard from for this
+    /// long is removed from its group and its partitions go to the others. It bounds the stall
+    /// after a `kill -9`. Apache Kafka accepts 6,000 to 1,800,000 by default
+    /// (`group.min.session.timeout.ms`, `group.max.session.timeout.ms`), hence the default of
+    /// 6,000. The local tansu broker holds every JoinGroup for half the session timeout, so a
+    /// shorter one makes each rebalance shorter too: 2,000 with a 400 ms heartbeat locally.
     pub session_timeout_ms: u32,
+    /// `heartbeat.interval.ms` (`TXFLOW_GROUP_HEARTBEAT_MS`): how often a member tells the
+    /// coordinator it lives, and so how soon it hears of a rebalance. Used as at most a third of
+    /// the session timeout.
+    pub heartbeat_interval_ms: u32,
+    /// `group.instance.id` (`TXFLOW_GROUP_INSTANCE_ID`): static membership (KIP-345), off when
+    /// `None`. Must be unique per process among the members of each group and stable across its
+    /// restarts (e.g. the pod or unit name); two live processes with the same id fence each other.
+    /// Keep it off with the local tansu broker: it reuses a returning instance's member id, but
+    /// holds every static JoinGroup and SyncGroup for 3 s and, in a chaos run here (kill -9 every
+    /// 4 s), left groups with no member assigned for the rest of the run (over 5 minutes).
+    pub group_instance_id: Option<String>,
 }
+
+/// The default session timeout: the lowest a stock Apache Kafka broker accepts.
+pub const DEFAULT_SESSION_TIMEOUT_MS: u32 = 6_000;
+/// The default heartbeat interval.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u32 = 1_000;
 
 impl KafkaSettings {
     pub fn new(brokers: impl Into<String>) -> Self {
@@ -33,8 +63,18 @@ impl KafkaSettings {
             brokers: brokers.into(),
             fetch_wait_max_ms: 10,
             linger_ms: 2,
-            session_timeout_ms: 10_000,
+            session_timeout_ms: DEFAULT_SESSION_TIMEOUT_MS,
+            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
+            group_instance_id: None,
         }
+    }
+
+    /// The heartbeat interval used: the setting, at most a third of the session timeout (so that
+    /// a live member never misses its session by a late heartbeat), at least 100 ms.
+    pub fn effective_heartbeat_ms(&self) -> u32 {
+        self.heartbeat_interval_ms
+            .min(self.session_timeout_ms / 3)
+            .max(100)
     }
 
     fn base(&self) -> ClientConfig {
@@ -62,28 +102,38 @@ impl KafkaSettings {
 
     /// A group consumer that never stores or commits offsets on its own: the stage runtime stores
     /// an offset only after the Postgres commit and the produce acknowledgement, and commits
-    /// explicitly.
+    /// explicitly. Its group settings are those of [`KafkaSettings`].
     pub fn consumer_config(&self, group_id: &str) -> ClientConfig {
-        let mut c = self.base();
+        let mut c = self.reader_config();
         c.set("group.id", group_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("fetch.wait.max.ms", self.fetch_wait_max_ms.to_string())
-            .set("fetch.error.backoff.ms", "50")
             .set("session.timeout.ms", self.session_timeout_ms.to_string())
             .set(
                 "heartbeat.interval.ms",
-                (self.session_timeout_ms / 5).max(100).to_string(),
+                self.effective_heartbeat_ms().to_string(),
             )
             .set("partition.assignment.strategy", "range");
+        if let Some(id) = &self.group_instance_id {
+            c.set("group.instance.id", id);
+        }
         c
     }
 
-    /// A consumer outside any group, for replay by explicit assignment.
+    /// A consumer outside any group, for replay by explicit assignment: it never joins a group
+    /// (it must not be subscribed), so it has no instance id.
     pub fn assign_config(&self) -> ClientConfig {
-        let mut c = self.consumer_config("txflow-unused");
-        c.set("enable.auto.commit", "false");
+        let mut c = self.reader_config();
+        c.set("group.id", "txflow-unused");
+        c
+    }
+
+    /// What every reader shares: no automatic offset storing or committing, the fetch tuning.
+    fn reader_config(&self) -> ClientConfig {
+        let mut c = self.base();
+        c.set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("fetch.wait.max.ms", self.fetch_wait_max_ms.to_string())
+            .set("fetch.error.backoff.ms", "50");
         c
     }
 
@@ -251,6 +301,35 @@ mod tests {
         let c = KafkaSettings::new("x:1").consumer_config("g");
         assert_eq!(c.get("enable.auto.offset.store"), Some("false"));
         assert_eq!(c.get("enable.auto.commit"), Some("false"));
+    }
+
+    #[test]
+    fn group_settings_reach_the_consumer() {
+        let mut s = KafkaSettings::new("x:1");
+        let c = s.consumer_config("g");
+        assert_eq!(c.get("session.timeout.ms"), Some("6000"));
+        assert_eq!(c.get("heartbeat.interval.ms"), Some("1000"));
+        assert_eq!(
+            c.get("group.instance.id"),
+            None,
+            "static membership is opt-in"
+        );
+
+        s.session_timeout_ms = 1_500;
+        s.heartbeat_interval_ms = 1_000;
+        s.group_instance_id = Some("alloc-a".into());
+        let c = s.consumer_config("g");
+        assert_eq!(
+            c.get("heartbeat.interval.ms"),
+            Some("500"),
+            "at most a third of the session timeout"
+        );
+        assert_eq!(c.get("group.instance.id"), Some("alloc-a"));
+        // A replay consumer joins no group: no instance id, and still never commits by itself.
+        let a = s.assign_config();
+        assert_eq!(a.get("group.instance.id"), None);
+        assert_eq!(a.get("enable.auto.commit"), Some("false"));
+        assert_eq!(a.get("enable.auto.offset.store"), Some("false"));
     }
 
     #[test]

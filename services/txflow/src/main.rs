@@ -64,7 +64,8 @@ enum Command {
     /// Role: the HTTP API.
     Gateway,
     /// Check the infrastructure, apply migrations, create topics, register schemas, then run
-    /// every role in this one process until Ctrl-C (for development).
+    /// every role in this one process until Ctrl-C (for development). With --once: the setup
+    /// alone, joining no stage's consumer group.
     Up(up::UpArgs),
     /// Apply the database migrations.
     Migrate,

@@ -1,19 +1,25 @@
-//! `txflow up`: everything in one process, for development.
+//! `txflow up`: everything in one process, for development; `txflow up --once`: the setup alone.
+//!
+//! Setup (migrations, topics, schemas) uses PostgreSQL, the admin API and the registry only: it
+//! never creates a consumer of a stage's group. `--once` reports the roles and exits without
+//! starting them. (It used to start every role and stop it 200 ms later, while its consumer was
+//! still joining; the local broker then kept that departed consumer as the group's leader for
+//! ever, and role processes started afterwards never got a partition.)
 
 use clap::Args;
-use tokio_util::sync::CancellationToken;
 use txflow_core::codec::RegistryCodec;
 use txflow_core::config::Config;
 use txflow_core::role::Role;
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
-    /// Set everything up, report, and exit instead of running until Ctrl-C.
+    /// Set everything up, report, and exit instead of running until Ctrl-C. No role is started
+    /// and no stage's consumer group is joined: start the roles afterwards as `txflow <role>`.
     #[arg(long)]
     once: bool,
 }
 
-pub async fn run(config: &Config, mut args: UpArgs) -> anyhow::Result<()> {
+pub async fn run(config: &Config, args: UpArgs) -> anyhow::Result<()> {
     let pool = txflow_core::db::connect(&config.database_url, 4).await?;
     let migrations = txflow_core::db::migrate(&pool).await?;
     println!(
@@ -38,12 +44,31 @@ pub async fn run(config: &Config, mut args: UpArgs) -> anyhow::Result<()> {
         registered.len()
     );
 
+    let k = &config.kafka;
+    println!(
+        "groups        {}.<stage>  (session timeout {} ms, heartbeat {} ms, static membership {})",
+        config.group_prefix(),
+        k.session_timeout_ms,
+        k.effective_heartbeat_ms(),
+        k.group_instance_id
+            .as_deref()
+            .map_or("off".to_string(), |id| format!("as {id}")),
+    );
+
     println!("\nroles:");
-    let shutdown = if args.once {
-        CancellationToken::new()
-    } else {
-        crate::roles::shutdown_root()?
-    };
+    if args.once {
+        // Setup only: joining a stage's group here and leaving at once would leave a departed
+        // leader behind on the local broker (see the module documentation).
+        for role in Role::ALL {
+            if Role::PIPELINE.contains(&role) {
+                println!("  {role:<22} ready, not started (run `txflow {role}`)");
+            } else if let Err(e) = crate::roles::run_unbuilt(role, config).await {
+                println!("  {role:<22} {e:#}");
+            }
+        }
+        return Ok(());
+    }
+    let shutdown = crate::roles::shutdown_root()?;
     let mut running = tokio::task::JoinSet::new();
     // One set of clients for every role of this process.
     let stages: u32 = Role::PIPELINE
@@ -61,8 +86,7 @@ pub async fn run(config: &Config, mut args: UpArgs) -> anyhow::Result<()> {
     }
     // Roles that end on their own (not implemented yet, or failed) are reported as they end.
     let mut live = Role::ALL.len();
-    let mut ticker = tokio::time::interval(std::time::Duration::from_millis(200));
-    ticker.tick().await;
+    let mut stopping = false;
     loop {
         tokio::select! {
             Some(joined) = running.join_next() => {
@@ -73,13 +97,10 @@ pub async fn run(config: &Config, mut args: UpArgs) -> anyhow::Result<()> {
                     Err(e) => println!("  a role task panicked: {e}"),
                 }
             }
-            _ = ticker.tick(), if args.once => {
-                shutdown.cancel();
-            }
-            () = shutdown.cancelled(), if !args.once => {
+            () = shutdown.cancelled(), if !stopping => {
                 println!("shutting down");
                 // Wait for the roles to finish (the next join_next), not for the signal again.
-                args.once = true;
+                stopping = true;
             }
             else => break,
         }

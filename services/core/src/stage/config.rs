@@ -26,6 +26,9 @@ pub struct StageConfig {
     /// The pipeline's topics, when the stage records announced events in `tx_events`: its
     /// recovery scan then relays the ones a crash left unpublished ([`crate::outbox`]).
     pub outbox: Option<Topics>,
+    /// Holding no partition of the input for this long is reported as an ERROR naming the group
+    /// (and again every such period while it lasts); the consumer keeps trying.
+    pub assignment_timeout: Duration,
 }
 
 impl StageConfig {
@@ -41,6 +44,7 @@ impl StageConfig {
             retry_backoff: Duration::from_millis(200),
             recovery_interval: Duration::from_secs(30),
             outbox: None,
+            assignment_timeout: Duration::from_secs(60),
         }
     }
 
@@ -61,6 +65,7 @@ impl StageConfig {
         sc.partitions = config.partitions;
         sc.topics = config.topics.all();
         sc.outbox = Some(config.topics.clone());
+        sc.assignment_timeout = config.assignment_timeout();
         sc
     }
 }

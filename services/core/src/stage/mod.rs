@@ -20,7 +20,8 @@
 //! - [`handler`]: the API the stages implement (`Handler`, `HandlerError`, `Output`, `Rejection`,
 //!   `DriveCtx`) — API boundary: the role crates use this and [`StageConfig`], nothing else;
 //! - [`config`]: the stage's settings;
-//! - `consumer`: the consumer context (rebalances) and polling a batch;
+//! - `consumer`: the consumer context (rebalances), polling a batch, and the watch that reports a
+//!   group that hands the stage no partition for `assignment_timeout` (an ERROR naming the group);
 //! - `batch`: processing one batch;
 //! - [`offsets`]: pure offset planning (which offset to store, where to rewind);
 //! - `leases`: the held-lease cache;
@@ -58,7 +59,7 @@ pub use consumer::StageContext;
 pub use handler::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
 pub use produce::child_traceparent;
 
-use consumer::{Polled, RebalanceEvent};
+use consumer::{AssignmentWatch, Polled, RebalanceEvent};
 use leases::HeldLeases;
 use offsets::Settled;
 
@@ -149,9 +150,17 @@ impl<H: Handler> StageRuntime<H> {
             .map_err(StageError::Kafka)?;
 
         let mut assigned: BTreeSet<i32> = BTreeSet::new();
+        let mut watch = AssignmentWatch::new(Instant::now(), self.config.assignment_timeout);
         let mut next_scan = Instant::now() + self.config.recovery_interval;
         let mut retry_pause: Option<Duration> = None;
-        tracing::info!(role = %self.handler.role(), node = %self.leases.node(), topic = %input_topic, "stage started");
+        tracing::info!(
+            role = %self.handler.role(),
+            node = %self.leases.node(),
+            topic = %input_topic,
+            group = %self.config.group_id,
+            instance = ?self.kafka.group_instance_id,
+            "stage started"
+        );
         loop {
             // Rebalances reported by the consumer context since the last poll.
             let mut scan_now: Vec<i32> = Vec::new();
@@ -167,6 +176,9 @@ impl<H: Handler> StageRuntime<H> {
                         }
                         .emit();
                         assigned.extend(&new);
+                        if let Some(r) = watch.rebalanced(Instant::now(), assigned.len(), true) {
+                            self.log_assigned(&input_topic, &assigned, r.waited, r.reported);
+                        }
                         scan_now.extend(new);
                     }
                     RebalanceEvent::Revoked(parts) => {
@@ -181,12 +193,16 @@ impl<H: Handler> StageRuntime<H> {
                         for p in &gone {
                             assigned.remove(p);
                         }
+                        watch.rebalanced(Instant::now(), assigned.len(), false);
                         if let Ok(mut s) = self.settled.lock() {
                             s.revoked(&gone);
                         }
                         self.release_partitions(&gone).await;
                     }
                 }
+            }
+            if let Some(overdue) = watch.check(Instant::now()) {
+                self.log_overdue(&input_topic, &overdue);
             }
             if !scan_now.is_empty() {
                 self.recovery_scan(&producer, &scan_now).await;
@@ -232,5 +248,47 @@ impl<H: Handler> StageRuntime<H> {
         self.release_all().await;
         tracing::info!(role = %self.handler.role(), node = %self.leases.node(), "stage stopped");
         Ok(())
+    }
+
+    /// Partitions held again after none (the first assignment, or after a rebalance).
+    fn log_assigned(&self, topic: &str, held: &BTreeSet<i32>, waited: Duration, reported: bool) {
+        tracing::info!(
+            target: "txflow::stage",
+            event = "assigned",
+            role = %self.handler.role(),
+            node = %self.leases.node(),
+            group = %self.config.group_id,
+            topic,
+            partitions = ?held,
+            count = held.len(),
+            waited_ms = waited.as_millis() as u64,
+            after_overdue = reported,
+            "partitions assigned"
+        );
+    }
+
+    /// No partition for longer than `assignment_timeout`: said loudly, naming the group. The
+    /// consumer keeps trying (librdkafka rejoins by itself); this is repeated every timeout.
+    fn log_overdue(&self, topic: &str, overdue: &consumer::Overdue) {
+        let why = if overdue.answered {
+            "the group gave this member no partition: other members hold them all (more members \
+             than partitions)"
+        } else {
+            "no rebalance of the group has completed for this member (a member that left while \
+             leading a rebalance and that the broker still counts as leader, or a coordinator \
+             that cannot be reached)"
+        };
+        tracing::error!(
+            target: "txflow::stage",
+            event = "assignment_overdue",
+            role = %self.handler.role(),
+            node = %self.leases.node(),
+            group = %self.config.group_id,
+            topic,
+            waited_ms = overdue.waited.as_millis() as u64,
+            "consumer group {}: no partition of {topic} assigned for {} s; {why}; still trying",
+            self.config.group_id,
+            overdue.waited.as_secs(),
+        );
     }
 }
