@@ -653,11 +653,21 @@ async fn a_compare_and_set_miss_is_reported_as_moved_not_as_fenced() {
         .expect_err("the row had moved on");
     assert!(!err.is_fenced(), "a CAS miss reported as fenced: {err:?}");
     assert!(
-        matches!(err, FenceError::Moved { expected: 1, moved: 1, .. }),
+        matches!(
+            err,
+            FenceError::Moved {
+                expected: 1,
+                moved: 1,
+                ..
+            }
+        ),
         "{err:?}"
     );
     assert_eq!(err.retry(), Retry::Transient, "{err:?}");
     drop(tx);
-    let again = lease.begin(&db.pool).await.expect("the lease is still ours");
+    let again = lease
+        .begin(&db.pool)
+        .await
+        .expect("the lease is still ours");
     drop(again);
 }
