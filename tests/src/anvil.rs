@@ -2,6 +2,10 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use alloy::primitives::U256;
+use alloy::providers::ext::AnvilApi;
+use alloy::providers::{Provider, ProviderBuilder};
+use alloy::signers::local::PrivateKeySigner;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -30,6 +34,28 @@ impl AnvilNode {
     /// The anvil process's id.
     pub fn pid(&self) -> u32 {
         self.child.id().expect("anvil is running")
+    }
+
+    /// A new key with 1000 ether on this chain.
+    pub async fn funded_key(&self) -> PrivateKeySigner {
+        let key = PrivateKeySigner::random();
+        self.provider()
+            .anvil_set_balance(key.address(), U256::from(10u128.pow(21)))
+            .await
+            .expect("fund");
+        key
+    }
+
+    /// Mines one block with what the pool holds (for an anvil started with `--no-mining`).
+    pub async fn mine_block(&self) {
+        self.provider()
+            .anvil_mine(Some(1), None)
+            .await
+            .expect("mine");
+    }
+
+    fn provider(&self) -> impl Provider + use<> {
+        ProviderBuilder::new().connect_http(self.url.parse().expect("url"))
     }
 }
 

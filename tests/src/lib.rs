@@ -15,6 +15,7 @@
 //! - [`fault_proxy::FaultProxy`]: a JSON-RPC proxy in front of anvil that injects HTTP errors,
 //!   delays, dropped connections, JSON-RPC errors and lost responses, per method.
 //! - [`wait_until`]: poll a condition until it holds, or fail with a message after a deadline.
+//! - [`show_logs`]: the stages' warnings in the test's output.
 //! - [`spawn_child`]: start a process that dies with the test process, however that ends (a
 //!   timeout's SIGKILL runs no destructor, so `kill_on_drop` alone is not enough).
 //!
@@ -124,6 +125,18 @@ pub fn unique(prefix: &str) -> String {
         "{prefix}-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     )
+}
+
+/// The stages' logs in the test's output, shown when it fails: `TXFLOW_LOG`, by default the
+/// warnings. The first call of a test binary installs it; later ones change nothing.
+pub fn show_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TXFLOW_LOG")
+                .unwrap_or_else(|_| "warn,librdkafka=error".into()),
+        )
+        .with_test_writer()
+        .try_init();
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; the caller binds it next).

@@ -26,6 +26,7 @@ use txflow_core::lease::LeaseConfig;
 use txflow_core::role::Role;
 use txflow_signer_gateway::Keys;
 
+use crate::fault_proxy::{FaultProxy, Rule};
 use crate::{AnvilNode, TestDb, kafka_settings, producer, registry_url, unique};
 
 /// Where every test request sends its value.
@@ -43,6 +44,9 @@ pub struct Mined {
     pub to: String,
     pub value: U256,
     pub input: Vec<u8>,
+    /// The block it is in, and that block's timestamp (Unix seconds).
+    pub block: u64,
+    pub timestamp: u64,
 }
 
 impl Mined {
@@ -309,6 +313,7 @@ impl Pipeline {
             max_fee_per_gas: None,
             max_priority_fee_per_gas: None,
             metadata: Default::default(),
+            depends_on_request_id: None,
         }
     }
 
@@ -377,6 +382,14 @@ impl Pipeline {
             .unwrap_or_else(|(e, _)| panic!("produce: {e}"));
     }
 
+    /// Puts a [`FaultProxy`] with `rules` in front of the pipeline's anvil and points the
+    /// configuration at it (`rpc_urls`): the stages started with it afterwards go through it.
+    pub async fn behind_proxy(&mut self, rules: Vec<Rule>) -> FaultProxy {
+        let proxy = FaultProxy::start(&self.anvil.url, rules).await;
+        self.config.rpc_urls = vec![proxy.url.clone()];
+        proxy
+    }
+
     /// One number from PostgreSQL.
     pub async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sql)
@@ -398,6 +411,7 @@ impl Pipeline {
                 .await
                 .expect("block")
                 .expect("block exists");
+            let timestamp = block.header.timestamp;
             for tx in block.transactions.into_transactions() {
                 let signer = tx.inner.signer();
                 if ours.contains(&signer) {
@@ -407,6 +421,8 @@ impl Pipeline {
                         to: tx.to().map(|a| format!("{a:#x}")).unwrap_or_default(),
                         value: tx.value(),
                         input: tx.input().to_vec(),
+                        block: n,
+                        timestamp,
                     });
                 }
             }
@@ -421,6 +437,24 @@ impl Pipeline {
             *markers.entry(tx.marker()).or_insert(0) += 1;
         }
         markers
+    }
+
+    /// The nonces of our signers' mined transactions, per calldata marker.
+    pub async fn mined_nonces(&self) -> BTreeMap<String, Vec<u64>> {
+        let mut nonces: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for tx in self.mined().await {
+            nonces.entry(tx.marker()).or_default().push(tx.nonce);
+        }
+        nonces
+    }
+
+    /// The state of request `request_id`'s transaction, if it is recorded.
+    pub async fn state_of(&self, request_id: &str) -> Option<String> {
+        sqlx::query_scalar("SELECT state FROM managed_tx WHERE request_id = $1")
+            .bind(request_id)
+            .fetch_optional(&self.db.pool)
+            .await
+            .expect("state")
     }
 
     /// The announced events recorded in `tx_events` (`txflow_core::outbox::ANNOUNCED`) that are
@@ -444,19 +478,24 @@ impl Pipeline {
         .await
         .expect("recorded events");
         let topics = &self.config.topics;
-        let topic_of = |t: &str| match t {
-            "TxAllocated" => topics.tx_allocated(),
-            "TxSigned" => topics.tx_signed(),
-            "TxSubmitted" => topics.tx_submitted(),
-            "TxFailed" => topics.tx_outcomes(),
-            "TxMined" | "TxReverted" => topics.tx_receipts(),
-            "TxConfirmationsUpdated" | "TxReorged" => topics.tx_confirmations(),
-            "TxConfirmed" => topics.tx_outcomes(),
+        // Written out here rather than taken from the outbox: the test states the contract.
+        let topics_of = |t: &str| match t {
+            "TxAllocated" => vec![topics.tx_allocated()],
+            "TxSigned" => vec![topics.tx_signed()],
+            "TxSubmitted" => vec![topics.tx_submitted(), topics.tx_outcomes()],
+            "TxFailed" => vec![topics.tx_outcomes()],
+            "TxMined" | "TxReverted" => vec![topics.tx_receipts(), topics.tx_outcomes()],
+            "TxConfirmationsUpdated" | "TxReorged" => vec![topics.tx_confirmations()],
+            "TxConfirmed" => vec![topics.tx_outcomes()],
             other => panic!("{other} is announced but has no topic here"),
         };
         let mut wanted: BTreeSet<(String, String)> = recorded
             .iter()
-            .map(|(t, id, _)| (topic_of(t), id.to_string()))
+            .flat_map(|(t, id, _)| {
+                topics_of(t)
+                    .into_iter()
+                    .map(|topic| (topic, id.to_string()))
+            })
             .collect();
         let names: BTreeSet<String> = wanted.iter().map(|(t, _)| t.clone()).collect();
         if !names.is_empty() {
@@ -488,7 +527,11 @@ impl Pipeline {
         }
         recorded
             .into_iter()
-            .filter(|(t, id, _)| wanted.contains(&(topic_of(t), id.to_string())))
+            .filter(|(t, id, _)| {
+                topics_of(t)
+                    .into_iter()
+                    .any(|topic| wanted.contains(&(topic, id.to_string())))
+            })
             .map(|(t, id, tx)| (t, id.to_string(), tx.to_string()))
             .collect()
     }

@@ -146,10 +146,7 @@ impl Handler for TestStage {
                 .bind(TxState::Received.as_str())
                 .fetch_all(pool)
                 .await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
-            .collect())
+        Ok(txstore::signer_keys(rows))
     }
 
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {

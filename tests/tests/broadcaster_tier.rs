@@ -19,6 +19,9 @@
 //! 7. A hold set by a resubmission clears when a later resend is taken, with nothing SIGNED.
 //! 8. A recovery drive whose SIGNED send is refused for funds keeps the hold though a resend is
 //!    taken in the same drive: the hold does not come and go on every recovery drive.
+//! 9. A defensive cancellation (seed 000 §4.4) is sent by the recovery drive while its transaction,
+//!    undone by a deep reorg, is re-evaluated: once per interval, never once its nonce is used or
+//!    the transaction is mined again, and without moving any state.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -502,11 +505,12 @@ async fn a_retryable_refusal_changes_nothing_and_a_later_drive_submits() {
         );
         assert!(t.pooled(s), "the chain's pool holds it");
         announced.push((t.topics.tx_submitted(), events[0].event_id.to_string()));
+        announced.push((t.topics.tx_outcomes(), events[0].event_id.to_string()));
     }
     assert_eq!(
         outputs_of(&outputs),
         announced,
-        "TxSubmitted for each, in nonce order"
+        "TxSubmitted for each, in nonce order, with its copy on tx.outcomes"
     );
     assert!(t.recycled().await.is_empty(), "nothing recycled");
 }
@@ -539,7 +543,11 @@ async fn insufficient_funds_holds_the_signer_until_a_send_succeeds() {
 
     let outputs = t.drive_ok().await;
 
-    assert_eq!(outputs.len(), 2, "TxSubmitted for each");
+    assert_eq!(
+        outputs_of(&outputs).len(),
+        4,
+        "TxSubmitted for each, on tx.submitted and tx.outcomes"
+    );
     for s in [&first, &second] {
         assert_eq!(t.state(s).await, "SUBMITTED");
         assert!(t.pooled(s));
@@ -650,7 +658,17 @@ async fn a_drive_under_a_stolen_lease_is_lease_lost_and_writes_nothing() {
         .drive_as(&new)
         .await
         .unwrap_or_else(|e| panic!("the new owner's drive: {e:?}"));
-    assert_eq!(outputs.len(), 1);
+    let events = t.events(&s).await;
+    assert_eq!(events.len(), 1, "one audit row: {events:?}");
+    let id = events[0].event_id.to_string();
+    assert_eq!(
+        outputs_of(&outputs),
+        [
+            (t.topics.tx_submitted(), id.clone()),
+            (t.topics.tx_outcomes(), id)
+        ],
+        "its TxSubmitted, and the copy for downstream"
+    );
     let row = t.tx(&s).await;
     assert_eq!(row.state, "SUBMITTED");
     assert_eq!(
@@ -850,4 +868,133 @@ async fn a_resend_taken_does_not_clear_a_hold_set_in_the_same_drive() {
             "round {round}: the hold was cleared and set again"
         );
     }
+}
+
+/// 9. The defensive cancellation after a deep reorg: a CONFIRMED transaction with `reorged_at` set
+/// and no block (as the confirmation manager leaves it) and its cancellation recorded (as the
+/// signer gateway leaves it). The recovery drive sends it once and schedules the next look after
+/// the interval; a drive before then sends nothing; once the chain's nonce is past it, nothing is
+/// sent though it is due (the look is recorded); and once the transaction is mined again it is no
+/// longer due at all. No state moves and no event is written: the confirmation manager decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_defensive_cancellation_is_sent_while_due_once_per_interval_and_never_once_the_nonce_is_used()
+ {
+    let t = Tier::new().await;
+    let original = t.seed_signed(0).await;
+    sqlx::query(
+        "UPDATE managed_tx SET state = 'CONFIRMED', reorged_at = now(), reorg_generation = 1
+         WHERE tx_id = $1",
+    )
+    .bind(original.tx_id)
+    .execute(t.pool())
+    .await
+    .expect("undone by a deep reorg");
+    let cancel = sign(
+        &t.key,
+        &UnsignedTx {
+            chain_id: CHAIN_ID as u64,
+            nonce: 0,
+            to: t.address(),
+            value: U256::ZERO,
+            data: Bytes::new(),
+            gas_limit: 21_000,
+            max_fee_per_gas: 2 * MAX_FEE,
+            max_priority_fee_per_gas: 2 * TIP,
+        },
+    )
+    .expect("sign");
+    sqlx::query(
+        "INSERT INTO tx_cancellations (chain_id, signer, nonce, tx_id, reorg_generation, tx_hash,
+                                       raw_tx, max_fee_per_gas, max_priority_fee_per_gas, fencing_token)
+         VALUES ($1, $2, 0, $3, 1, $4, $5, $6::numeric, $7::numeric, 1)",
+    )
+    .bind(CHAIN_ID)
+    .bind(t.signer())
+    .bind(original.tx_id)
+    .bind(format!("{:#x}", cancel.hash))
+    .bind(&cancel.raw)
+    .bind((2 * MAX_FEE).to_string())
+    .bind((2 * TIP).to_string())
+    .execute(t.pool())
+    .await
+    .expect("record the cancellation");
+    let sent = || t.chain.sent().iter().filter(|r| **r == cancel.raw).count();
+    let bookkeeping = || async {
+        sqlx::query_as::<_, (i32, bool, bool)>(
+            "SELECT sends, submitted_at IS NOT NULL, next_send_at > now() FROM tx_cancellations
+             WHERE nonce = 0",
+        )
+        .fetch_one(t.pool())
+        .await
+        .expect("tx_cancellations row")
+    };
+    let make_due = || async {
+        sqlx::query("UPDATE tx_cancellations SET next_send_at = now() - interval '1 second'")
+            .execute(t.pool())
+            .await
+            .expect("make the cancellation due");
+    };
+    let signer = Signer::parse(&t.signer()).expect("signer");
+    let pending = txflow_broadcaster::store::pending_signers(t.pool(), ChainId(CHAIN_ID))
+        .await
+        .expect("pending signers");
+    assert_eq!(
+        pending,
+        [(ChainId(CHAIN_ID), signer.clone())],
+        "a cancellation due"
+    );
+
+    // Sent once by the recovery drive; nothing else is (the original is not SIGNED).
+    let outputs = t.drive_recovery().await;
+    assert!(outputs.is_empty(), "nothing announced: {outputs:?}");
+    assert_eq!(sent(), 1);
+    assert_eq!(t.chain.sent().len(), 1, "only the cancellation");
+    assert_eq!(
+        bookkeeping().await,
+        (1, true, true),
+        "sent, due again later"
+    );
+    assert!(t.chain.pooled().iter().any(|p| p.hash == cancel.hash));
+    // Not due again before the interval: not sent, and the signer has no work.
+    t.drive_recovery().await;
+    assert_eq!(sent(), 1);
+    let pending = txflow_broadcaster::store::pending_signers(t.pool(), ChainId(CHAIN_ID))
+        .await
+        .expect("pending signers");
+    assert!(pending.is_empty(), "{pending:?}");
+
+    // Due again and still in the pool: sent again (already known to the node).
+    make_due().await;
+    t.drive_recovery().await;
+    assert_eq!(sent(), 2);
+    assert_eq!(bookkeeping().await.0, 2);
+
+    // Mined: the chain's nonce is past it. Due again, but not sent; the look is recorded.
+    t.chain.mine();
+    assert!(t.chain.is_mined(cancel.hash));
+    make_due().await;
+    t.drive_recovery().await;
+    assert_eq!(sent(), 2, "not sent once its nonce is used");
+    assert_eq!(bookkeeping().await, (2, true, true));
+
+    // Its transaction mined again (a receipt, as the confirmation manager records it): no
+    // longer due at all.
+    sqlx::query(
+        "UPDATE managed_tx SET receipt = '{}'::jsonb, mined_block_number = 1,
+                mined_block_hash = '0x0000000000000000000000000000000000000000000000000000000000000001'
+         WHERE tx_id = $1",
+    )
+    .bind(original.tx_id)
+    .execute(t.pool())
+    .await
+    .expect("mined again");
+    make_due().await;
+    let due = txflow_broadcaster::store::due_cancellations(t.pool(), t.lease.key())
+        .await
+        .expect("due cancellations");
+    assert!(due.is_empty(), "{due:?}");
+
+    // No state moved, no event written: the confirmation manager re-evaluates from the chain.
+    assert_eq!(t.state(&original).await, "CONFIRMED");
+    assert!(t.events(&original).await.is_empty());
 }

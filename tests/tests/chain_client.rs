@@ -4,8 +4,6 @@
 //! does against a node.
 
 use alloy::primitives::{Address, Bytes, U256};
-use alloy::providers::ProviderBuilder;
-use alloy::providers::ext::AnvilApi;
 use alloy::signers::local::PrivateKeySigner;
 use txflow_core::chain::{Chain, ChainClient, SendOutcome, Simulation};
 use txflow_tests::AnvilNode;
@@ -113,17 +111,9 @@ where
 #[tokio::test]
 async fn the_rpc_client_keeps_the_contract_on_anvil() {
     let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
-    let provider = ProviderBuilder::new().connect_http(anvil.url.parse().expect("url"));
-    let key = PrivateKeySigner::random();
-    provider
-        .anvil_set_balance(key.address(), U256::from(10u128.pow(21)))
-        .await
-        .expect("fund");
+    let key = anvil.funded_key().await;
     let chain = Chain::connect(&anvil.url, 31337).expect("connect");
-    contract(&chain, &key, || async {
-        provider.anvil_mine(Some(1), None).await.expect("mine");
-    })
-    .await;
+    contract(&chain, &key, || anvil.mine_block()).await;
 }
 
 #[tokio::test]

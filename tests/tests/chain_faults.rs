@@ -13,14 +13,6 @@ use txflow_tests::wait_until;
 
 const LONG: Duration = Duration::from_secs(180);
 
-async fn state_of(p: &Pipeline, request_id: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT state FROM managed_tx WHERE request_id = $1")
-        .bind(request_id)
-        .fetch_optional(&p.db.pool)
-        .await
-        .expect("query")
-}
-
 #[tokio::test]
 async fn a_submitted_transaction_the_node_drops_is_sent_again_and_mined_once() {
     // No mining until the test says so: the transaction sits in the pool where it can be dropped.
@@ -31,7 +23,7 @@ async fn a_submitted_transaction_the_node_drops_is_sent_again_and_mined_once() {
 
     p.send(&p.request(0, "dropped")).await;
     wait_until("the request is SUBMITTED", LONG, || async {
-        state_of(&p, "dropped").await.as_deref() == Some("SUBMITTED")
+        p.state_of("dropped").await.as_deref() == Some("SUBMITTED")
     })
     .await;
     let hash: String =
@@ -163,7 +155,7 @@ async fn a_nonce_used_outside_txflow_is_replaced_and_the_request_mines_at_a_fres
     p.start_broadcaster(&config).await;
     p.send(&p.request(0, "victim")).await;
     wait_until("the request is ALLOCATED", LONG, || async {
-        state_of(&p, "victim").await.as_deref() == Some("ALLOCATED")
+        p.state_of("victim").await.as_deref() == Some("ALLOCATED")
     })
     .await;
     let nonce: i64 = sqlx::query_scalar("SELECT nonce FROM managed_tx WHERE request_id = 'victim'")

@@ -10,9 +10,12 @@
 //!   the complete list; one that removes the transaction's block sends it back to SUBMITTED, it is
 //!   sent again, mined again and confirmed once;
 //! - a reorg deeper than the depth after TxConfirmed raises the critical alert, announces
-//!   `new_fork = true`; once a defensive cancellation (signed here by the test: see the
-//!   confirmation manager's documentation) consumed the nonce at depth, the transaction is
-//!   re-evaluated (SIMULATED), sent with a fresh nonce and confirmed again under a new `event_id`;
+//!   `new_fork = true`, and txflow sends a defensive cancellation of the nonce (signed by the signer
+//!   gateway, sent by the broadcaster: a 0-value self-transfer with a high tip) while the
+//!   transaction stays CONFIRMED; whichever of the two is mined settles it: the cancellation,
+//!   buried at the depth → re-evaluated (SIMULATED), sent with a fresh nonce and confirmed again
+//!   under a new `event_id`; the original (another producer's block) → confirmed again at its
+//!   nonce, the cancellation never mined;
 //! - replaying `tx.receipts` from the beginning changes nothing and re-emits the same TxConfirmed
 //!   `event_id`s.
 //!
@@ -22,8 +25,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use alloy::consensus::Transaction as _;
 use alloy::network::TransactionBuilder;
-use alloy::primitives::{Address, Bytes, U256};
+use alloy::primitives::{Address, B256, Bytes, U256};
 use alloy::providers::Provider;
 use alloy::providers::ext::AnvilApi;
 use alloy::rpc::types::TransactionRequest;
@@ -38,7 +42,9 @@ use txflow_core::codec::RegistryCodec;
 use txflow_core::config::Config;
 use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
-use txflow_core::events::{TxAccepted, TxConfirmationsUpdated, TxConfirmed};
+use txflow_core::events::{
+    TxAccepted, TxConfirmationsUpdated, TxConfirmed, TxReceiptUpdated, TxSubmitted,
+};
 use txflow_core::lease::LeaseConfig;
 use txflow_tests::pipeline::Pipeline;
 use txflow_tests::{AnvilNode, group_consumer, registry_url, unique, wait_until};
@@ -224,6 +230,76 @@ impl Run {
             .await
             .expect("state")
     }
+
+    /// Submits one request (`{prefix}-0-0`, of the only signer), mines the two blocks a run of
+    /// [`Run::start`]`(1, 2)` requires and waits until it is CONFIRMED; its `tx_id`.
+    async fn confirm_one(&self, prefix: &str) -> uuid::Uuid {
+        self.submit(prefix, 1).await;
+        let tx = self.tx_id(&format!("{prefix}-0-0")).await;
+        self.mine(2).await;
+        self.wait_count(
+            "confirmed",
+            "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'",
+            1,
+        )
+        .await;
+        tx
+    }
+
+    /// Waits until txflow has sent the defensive cancellation of the only signer's `nonce` (the
+    /// signer gateway signed and recorded it, the broadcaster sent it), checks it in the node's
+    /// pool — a 0-value transfer from the signer to itself at that nonce, no calldata, with a
+    /// priority fee of at least twice the original's and 1 gwei, within `fees.max_fee_per_gas` —
+    /// and returns its hash.
+    async fn cancellation_sent(&self, tx: uuid::Uuid, nonce: i64) -> B256 {
+        self.wait_count(
+            "the defensive cancellation signed and sent",
+            &format!(
+                "SELECT count(*) FROM tx_cancellations WHERE nonce = {nonce} AND tx_id = '{tx}'
+                 AND sends >= 1 AND submitted_at IS NOT NULL"
+            ),
+            1,
+        )
+        .await;
+        let hash: String =
+            sqlx::query_scalar("SELECT tx_hash FROM tx_cancellations WHERE nonce = $1")
+                .bind(nonce)
+                .fetch_one(&self.p.db.pool)
+                .await
+                .expect("the cancellation's hash");
+        let hash: B256 = hash.parse().expect("a hash");
+        let original_tip: String = sqlx::query_scalar(
+            "SELECT max_priority_fee_per_gas::text FROM tx_attempts WHERE tx_id = $1 AND attempt = 1",
+        )
+        .bind(tx)
+        .fetch_one(&self.p.db.pool)
+        .await
+        .expect("the original's tip");
+        let original_tip: u128 = original_tip.parse().expect("wei");
+        let pending = self
+            .p
+            .provider()
+            .get_transaction_by_hash(hash)
+            .await
+            .expect("eth_getTransactionByHash")
+            .expect("the node holds the cancellation");
+        let signer = self.p.signers[0].address();
+        assert_eq!(pending.inner.signer(), signer, "sent by the signer");
+        assert_eq!(pending.nonce(), u64::try_from(nonce).expect("nonce"));
+        assert_eq!(pending.to(), Some(signer), "to the signer itself");
+        assert_eq!(pending.value(), U256::ZERO);
+        assert!(pending.input().is_empty());
+        assert_eq!(pending.gas_limit(), 21_000);
+        let tip = pending
+            .max_priority_fee_per_gas()
+            .expect("an EIP-1559 transaction");
+        assert!(
+            tip >= 2 * original_tip && tip >= 1_000_000_000,
+            "a high tip: {tip} wei, the original's {original_tip}"
+        );
+        assert!(pending.max_fee_per_gas() <= self.p.config.max_fee_per_gas_wei);
+        hash
+    }
 }
 
 /// What is on `tx.confirmations` and `tx.outcomes`, read from the beginning.
@@ -240,6 +316,8 @@ enum Decoded {
     List(TxConfirmationsUpdated),
     Confirmed(TxConfirmed),
     Accepted(TxAccepted),
+    Submitted(TxSubmitted),
+    Receipt(TxReceiptUpdated),
     Other,
 }
 
@@ -286,6 +364,12 @@ impl Events {
             }
             if let Ok(a) = self.codec.decode::<TxAccepted>(bytes).await {
                 return Decoded::Accepted(a);
+            }
+            if let Ok(s) = self.codec.decode::<TxSubmitted>(bytes).await {
+                return Decoded::Submitted(s);
+            }
+            if let Ok(r) = self.codec.decode::<TxReceiptUpdated>(bytes).await {
+                return Decoded::Receipt(r);
             }
         }
         Decoded::Other
@@ -446,11 +530,12 @@ async fn tx_confirmed_comes_after_exactly_the_required_blocks_once_per_transacti
         }
         assert_eq!(lists[2].confirmations[0].hash, c.block_hash);
     }
-    // Per signer (one key, one partition), in order: each transaction's TxAccepted before its
-    // TxConfirmed, and the TxConfirmed in nonce order.
+    // Per signer (one key, one partition) on tx.outcomes, in order: each transaction's
+    // TxAccepted, TxSubmitted, TxReceiptUpdated and TxConfirmed, one of each, and the TxConfirmed
+    // in nonce order.
     let mut keys: BTreeMap<&str, Vec<&Seen>> = BTreeMap::new();
     for s in &seen {
-        if matches!(s.event, Decoded::Confirmed(_) | Decoded::Accepted(_)) {
+        if !matches!(s.event, Decoded::List(_) | Decoded::Other) {
             keys.entry(s.key.as_str()).or_default().push(s);
         }
     }
@@ -465,16 +550,29 @@ async fn tx_confirmed_comes_after_exactly_the_required_blocks_once_per_transacti
             })
             .collect();
         assert_eq!(nonces, vec![0, 1, 2], "{key}: TxConfirmed in nonce order");
-        for (i, s) in events.iter().enumerate() {
-            if let Decoded::Confirmed(c) = &s.event {
-                assert!(
-                    events[..i]
-                        .iter()
-                        .any(|a| matches!(&a.event, Decoded::Accepted(a) if a.tx_id == c.tx_id)),
-                    "{key}: TxAccepted of {} before its TxConfirmed",
-                    c.tx_id
-                );
-            }
+        let mut stories: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for s in &events {
+            let (tx, kind) = match &s.event {
+                Decoded::Accepted(a) => (a.tx_id.as_str(), "TxAccepted"),
+                Decoded::Submitted(e) => (e.tx_id.as_str(), "TxSubmitted"),
+                Decoded::Receipt(r) => (r.tx_id.as_str(), "TxReceiptUpdated"),
+                Decoded::Confirmed(c) => (c.tx_id.as_str(), "TxConfirmed"),
+                Decoded::List(_) | Decoded::Other => continue,
+            };
+            stories.entry(tx).or_default().push(kind);
+        }
+        assert_eq!(stories.len(), 3, "{key}: three transactions");
+        for (tx, story) in stories {
+            assert_eq!(
+                story,
+                [
+                    "TxAccepted",
+                    "TxSubmitted",
+                    "TxReceiptUpdated",
+                    "TxConfirmed"
+                ],
+                "{key}: {tx} on tx.outcomes"
+            );
         }
     }
     assert!(
@@ -567,7 +665,8 @@ async fn a_reorg_shallower_than_the_depth_announces_a_new_fork_and_a_dropped_tra
     run.finish().await;
 }
 
-/// The events the critical alerts carry (`target: txflow::alert`), as this process logged them.
+/// The events the critical alerts carry (`target: txflow::alert`, ERROR) and the defensive
+/// cancellation's (`target: txflow::reorg`), as this process logged them.
 #[derive(Clone, Default)]
 struct Alerts(Arc<Mutex<Vec<String>>>);
 
@@ -603,8 +702,9 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Alerts {
                 }
             }
         }
-        if event.metadata().target() == "txflow::alert"
-            && *event.metadata().level() == tracing::Level::ERROR
+        let target = event.metadata().target();
+        if (target == "txflow::alert" && *event.metadata().level() == tracing::Level::ERROR)
+            || target == "txflow::reorg"
         {
             let mut name = Name(None);
             event.record(&mut name);
@@ -653,33 +753,21 @@ async fn a_reorg_deeper_than_the_depth_raises_the_alert_announces_a_new_fork_and
                 .any(|l| l.new_fork && l.confirmations.is_empty())
         })
         .await;
-    // Nothing sends the original again: it stays out of the pool.
-    assert_eq!(run.p.pool_status().await.0, "0x0");
+    // txflow's defensive cancellation of its nonce (a 0-value self-transfer with a high tip):
+    // signed by the signer gateway, sent by the broadcaster. It is all the node's pool holds:
+    // nothing sends the original again.
+    let cancel = run.cancellation_sent(tx, 0).await;
+    assert_eq!(run.p.pool_status().await, ("0x1".into(), "0x0".into()));
+    for event in [
+        txflow_signer_gateway::handler::CANCELLATION_SIGNED,
+        txflow_broadcaster::handler::CANCELLATION_SENT,
+    ] {
+        assert!(alerts.raised(event), "{event} logged");
+    }
+    // Still CONFIRMED while the nonce is not settled: never rolled back before.
+    assert_eq!(run.state("d-0-0").await, "CONFIRMED");
 
-    // The defensive cancellation of its nonce (a 0-value self-transfer with a high tip), as the
-    // signer gateway is to sign it, mined and buried at the depth.
-    let key = run.p.signers[0].clone();
-    let cancel = sign(
-        &key,
-        &UnsignedTx {
-            chain_id: 31337,
-            nonce: 0,
-            to: key.address(),
-            value: U256::ZERO,
-            data: Bytes::new(),
-            gas_limit: 21_000,
-            max_fee_per_gas: 200_000_000_000,
-            max_priority_fee_per_gas: 100_000_000_000,
-        },
-    )
-    .expect("sign the cancellation");
-    let pending = run
-        .p
-        .provider()
-        .send_raw_transaction(&cancel.raw)
-        .await
-        .expect("send the cancellation");
-    assert_eq!(*pending.tx_hash(), cancel.hash);
+    // The cancellation mined and buried at the depth.
     run.mine(2).await;
     // Undone: SIMULATED, then re-allocated a fresh nonce and submitted.
     run.wait_count(
@@ -690,9 +778,14 @@ async fn a_reorg_deeper_than_the_depth_raises_the_alert_announces_a_new_fork_and
     )
     .await;
     assert_eq!(
-        run.count("SELECT count(*) FROM tx_events WHERE type = 'TxReorgUndone'")
-            .await,
-        1
+        run.count(&format!(
+            "SELECT count(*) FROM tx_events WHERE type = 'TxReorgUndone'
+             AND payload->>'consumed_by' = 'defensive cancellation'
+             AND payload->>'cancellation_hash' = '{cancel:#x}'"
+        ))
+        .await,
+        1,
+        "undone, on the proof that the cancellation consumed the nonce"
     );
     run.mine(2).await;
     run.wait_count(
@@ -733,12 +826,27 @@ async fn a_reorg_deeper_than_the_depth_raises_the_alert_announces_a_new_fork_and
             .any(|l| l.confirmations.len() == 2 && !l.new_fork),
         "then the list of the transaction mined again: {lists:?}"
     );
-    // On the chain: nonce 0 is the cancellation, the request's transfer is mined once, at nonce 1.
+    // On the chain: nonce 0 is txflow's cancellation (a 0-value self-transfer), the request's
+    // transfer is mined once, at nonce 1; the cancellation was not sent again once mined.
     let mined = run.p.mined().await;
     assert_eq!(mined.len(), 2, "{mined:?}");
-    assert_eq!((mined[0].nonce, mined[0].value), (0, U256::ZERO));
+    let signer = format!("{:#x}", run.p.signers[0].address());
+    assert_eq!(
+        (mined[0].nonce, mined[0].value, mined[0].to.as_str()),
+        (0, U256::ZERO, signer.as_str())
+    );
+    assert!(mined[0].input.is_empty());
+    let receipt = run
+        .p
+        .provider()
+        .get_transaction_receipt(cancel)
+        .await
+        .expect("eth_getTransactionReceipt")
+        .expect("the cancellation is mined");
+    assert!(receipt.status());
     assert_eq!(mined[1].nonce, 1);
     assert_eq!(mined[1].marker(), "txflow:d-0-0");
+    assert_eq!(run.p.pool_status().await, ("0x0".into(), "0x0".into()));
     run.finish().await;
 }
 
@@ -831,16 +939,8 @@ async fn a_replay_of_the_receipts_changes_nothing_and_re_emits_the_same_event_id
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_transaction_undone_by_a_deep_reorg_and_mined_again_is_confirmed_again_at_its_nonce() {
     let mut run = Run::start(1, 2).await;
-    run.submit("m", 1).await;
-    let tx = run.tx_id("m-0-0").await;
+    let tx = run.confirm_one("m").await;
     let tx_id = tx.to_string();
-    run.mine(2).await;
-    run.wait_count(
-        "confirmed",
-        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'",
-        1,
-    )
-    .await;
     run.reorg(2).await;
     run.wait_count(
         "undone by a deep reorg",
@@ -849,21 +949,27 @@ async fn a_transaction_undone_by_a_deep_reorg_and_mined_again_is_confirmed_again
     )
     .await;
 
-    // Another node still had the original in its pool and includes it again.
+    // txflow sends its defensive cancellation of the nonce...
+    let cancel = run.cancellation_sent(tx, 0).await;
+    // ...but another node still had the original in its pool, and a block of another producer
+    // includes it first: the head block is replaced by one holding it (on anvil, whose pool now
+    // holds the cancellation, that is a reorg of depth 1 with the original's signed bytes).
+    // Whichever of the two is mined settles the nonce: here the original.
     let raw: Vec<u8> =
         sqlx::query_scalar("SELECT raw_tx FROM tx_attempts WHERE tx_id = $1 AND attempt = 1")
             .bind(tx)
             .fetch_one(&run.p.db.pool)
             .await
             .expect("the signed bytes");
-    let _ = run
-        .p
+    let again = run.head().await;
+    run.p
         .provider()
-        .send_raw_transaction(&raw)
+        .anvil_reorg(ReorgOptions {
+            depth: 1,
+            tx_block_pairs: vec![(TransactionData::Raw(raw.into()), 0)],
+        })
         .await
-        .expect("send the original again");
-    let again = run.head().await + 1;
-    run.mine(1).await;
+        .expect("anvil_reorg");
     run.wait_count(
         "followed again from the block it is mined in now",
         &format!(
@@ -893,9 +999,26 @@ async fn a_transaction_undone_by_a_deep_reorg_and_mined_again_is_confirmed_again
         .find(|(s, _)| s.event_id == second)
         .expect("the TxConfirmed of generation 1");
     assert_eq!((c.block_number as u64, c.nonce), (again, 0));
+    // On the chain: the original alone, once; the cancellation never mined (its nonce is used:
+    // the node dropped it) and not sent again.
     let mined = run.p.mined().await;
     assert_eq!(mined.len(), 1, "{mined:?}");
     assert_eq!(mined[0].marker(), "txflow:m-0-0");
+    assert!(
+        run.p
+            .provider()
+            .get_transaction_receipt(cancel)
+            .await
+            .expect("eth_getTransactionReceipt")
+            .is_none(),
+        "the cancellation is not mined"
+    );
+    assert_eq!(run.p.pool_status().await, ("0x0".into(), "0x0".into()));
+    assert_eq!(
+        run.count("SELECT count(*) FROM tx_events WHERE type = 'TxReorgUndone'")
+            .await,
+        0
+    );
     run.finish().await;
 }
 

@@ -497,6 +497,7 @@ fn request(n: u32, signer: &str) -> TxRequest {
         max_fee_per_gas: None,
         max_priority_fee_per_gas: None,
         metadata: Default::default(),
+        depends_on_request_id: None,
     }
 }
 
@@ -611,9 +612,9 @@ struct Broadcaster;
 impl Fixture for Broadcaster {
     type Stage = txflow_broadcaster::BroadcastStage;
     const NAME: &'static str = "broadcaster";
-    const FIRST_OUTPUTS: usize = 1; // TxSubmitted
+    const FIRST_OUTPUTS: usize = 2; // TxSubmitted, and its copy on tx.outcomes
     const REDELIVERED_OUTPUTS: usize = 0; // handled before: nothing is SIGNED any more
-    const RECOVERED_OUTPUTS: usize = 1; // TxSubmitted
+    const RECOVERED_OUTPUTS: usize = 2; // TxSubmitted, and its copy on tx.outcomes
 
     fn input_topic(topics: &Topics) -> String {
         topics.tx_signed()
@@ -744,15 +745,15 @@ impl ReceiptChecker {
 impl Fixture for ReceiptChecker {
     type Stage = txflow_receipt_checker::ReceiptStage;
     const NAME: &'static str = "receipt-checker";
-    const FIRST_OUTPUTS: usize = 1; // TxReceiptUpdated
+    const FIRST_OUTPUTS: usize = 2; // TxReceiptUpdated, and its copy on tx.outcomes
     const REDELIVERED_OUTPUTS: usize = 0; // handled before: nothing is SUBMITTED any more
-    const RECOVERED_OUTPUTS: usize = 1; // TxReceiptUpdated
+    const RECOVERED_OUTPUTS: usize = 2; // TxReceiptUpdated, and its copy on tx.outcomes
 
     fn input_topic(topics: &Topics) -> String {
         topics.tx_submitted()
     }
     fn output_topics(topics: &Topics) -> Vec<String> {
-        vec![topics.tx_receipts()]
+        vec![topics.tx_receipts(), topics.tx_outcomes()]
     }
     fn stage(env: &Env) -> Self::Stage {
         txflow_receipt_checker::ReceiptStage::new(
@@ -963,8 +964,10 @@ async fn redelivery<F: Fixture>() {
     let ids = |outs: &[(String, String)]| -> BTreeSet<String> {
         outs.iter().map(|(_, id)| id.clone()).collect()
     };
+    // Every output once: distinct (topic, event_id) pairs (a submission or a receipt is one
+    // event on two topics, its own and tx.outcomes).
     assert_eq!(
-        ids(&first).len(),
+        first.iter().collect::<BTreeSet<_>>().len(),
         F::FIRST_OUTPUTS,
         "{}: first outputs {first:?}",
         F::NAME

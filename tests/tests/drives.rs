@@ -137,6 +137,15 @@ fn short_lease() -> LeaseConfig {
     lease
 }
 
+/// A pipeline of one signer behind a fault proxy with `rules`; a slow node, not a dead one: the
+/// client waits up to 20 s for an answer.
+async fn slow_pipeline(rules: Vec<Rule>) -> (Pipeline, FaultProxy) {
+    let mut p = Pipeline::prepare(1, |_| {}).await;
+    let proxy = p.behind_proxy(rules).await;
+    p.config.rpc_timeout_ms = 20_000;
+    (p, proxy)
+}
+
 /// The stage runtimes started by a test, stopped at its end.
 struct Stages {
     shutdown: CancellationToken,
@@ -268,20 +277,13 @@ async fn check_done_once(p: &Pipeline, ids: &[String]) {
 #[tokio::test]
 async fn a_simulation_slower_than_the_lease_keeps_the_allocator_lease_and_runs_once() {
     lease_events::init();
-    let mut p = Pipeline::prepare(1, |_| {}).await;
     let lease = short_lease();
     // Every estimate takes longer than the whole lease (and its skew): a drive that does not
     // renew its lease finds it gone when it records the simulation.
     let slow = Duration::from_millis(3500);
     assert!(slow > lease.duration + lease.clock_skew);
-    let proxy = FaultProxy::start(
-        &p.anvil.url,
-        vec![Rule::on("eth_estimateGas", 1, Fault::Delay(slow))],
-    )
-    .await;
-    p.config.rpc_urls = vec![proxy.url.clone()];
-    // A slow node, not a dead one: the client waits for it.
-    p.config.rpc_timeout_ms = 20_000;
+    let (mut p, proxy) =
+        slow_pipeline(vec![Rule::on("eth_estimateGas", 1, Fault::Delay(slow))]).await;
     let config = p.config.clone();
     let node = NodeId::named(unique("alloc"));
     let mut stages = Stages::new();
@@ -332,19 +334,13 @@ async fn a_simulation_slower_than_the_lease_keeps_the_allocator_lease_and_runs_o
 #[tokio::test]
 async fn a_send_slower_than_the_lease_keeps_the_broadcaster_lease_and_sends_once() {
     lease_events::init();
-    let mut p = Pipeline::prepare(1, |_| {}).await;
     let lease = short_lease();
     // Every send takes longer than the lease: the broadcaster's drive sends them one after
     // the other and records them together.
     let slow = Duration::from_millis(3000);
     assert!(slow > lease.duration + lease.clock_skew);
-    let proxy = FaultProxy::start(
-        &p.anvil.url,
-        vec![Rule::on("eth_sendRawTransaction", 1, Fault::Delay(slow))],
-    )
-    .await;
-    p.config.rpc_urls = vec![proxy.url.clone()];
-    p.config.rpc_timeout_ms = 20_000;
+    let rules = vec![Rule::on("eth_sendRawTransaction", 1, Fault::Delay(slow))];
+    let (mut p, proxy) = slow_pipeline(rules).await;
     let config = p.config.clone();
     let node = NodeId::named(unique("bcast"));
     let mut stages = Stages::new();
@@ -408,20 +404,14 @@ async fn a_send_slower_than_the_lease_keeps_the_broadcaster_lease_and_sends_once
 #[tokio::test]
 async fn the_allocators_two_runtimes_never_drive_one_signer_at_once() {
     lease_events::init();
-    let mut p = Pipeline::prepare(1, |_| {}).await;
     // Slow estimates and nonce reads keep a drive of the requests runtime busy long enough for a
     // drive of the commands runtime (after a command of the same signer) to start beside it.
     let slow = Duration::from_millis(2000);
-    let proxy = FaultProxy::start(
-        &p.anvil.url,
-        vec![
-            Rule::on("eth_estimateGas", 1, Fault::Delay(slow)),
-            Rule::on("eth_getTransactionCount", 1, Fault::Delay(slow)),
-        ],
-    )
+    let (mut p, proxy) = slow_pipeline(vec![
+        Rule::on("eth_estimateGas", 1, Fault::Delay(slow)),
+        Rule::on("eth_getTransactionCount", 1, Fault::Delay(slow)),
+    ])
     .await;
-    p.config.rpc_urls = vec![proxy.url.clone()];
-    p.config.rpc_timeout_ms = 20_000;
     let config = p.config.clone();
     let node = NodeId::named(unique("alloc"));
     let mut stages = Stages::new();

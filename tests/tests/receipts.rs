@@ -19,20 +19,9 @@ use rdkafka::message::Headers;
 use txflow_core::events::{ReceiptStatus, TxReceiptUpdated};
 use txflow_tests::fault_proxy::{Fault, FaultProxy, Rule};
 use txflow_tests::pipeline::{Pipeline, SINK};
-use txflow_tests::{AnvilNode, TestDb, group_consumer, unique, wait_until};
+use txflow_tests::{AnvilNode, TestDb, group_consumer, show_logs, unique, wait_until};
 
 const LONG: Duration = Duration::from_secs(240);
-
-fn logs() {
-    // The stages' warnings go to the test's output, shown when it fails.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TXFLOW_LOG")
-                .unwrap_or_else(|_| "warn,librdkafka=error".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
 
 /// One transaction as PostgreSQL holds it after the receipt checker.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -188,7 +177,7 @@ async fn check_receipt_events(p: &Pipeline, rows: &BTreeMap<String, Recorded>) {
 
 #[tokio::test]
 async fn submitted_transactions_are_mined_or_reverted_with_the_receipt_the_chain_has() {
-    logs();
+    show_logs();
     // No mining until the test says so: the receipt checker first finds no receipt.
     let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
     let mut p = Pipeline::prepare_on(anvil, 2, |_| {}).await;
@@ -263,7 +252,7 @@ async fn submitted_transactions_are_mined_or_reverted_with_the_receipt_the_chain
 
 #[tokio::test]
 async fn receipt_lookups_through_a_failing_endpoint_change_nothing_wrongly_and_lose_nothing() {
-    logs();
+    show_logs();
     let mut p = Pipeline::prepare(2, |_| {}).await;
     let config = p.config.clone();
     p.start_stages(&config).await;
@@ -351,7 +340,7 @@ async fn receipt_lookups_through_a_failing_endpoint_change_nothing_wrongly_and_l
 
 #[tokio::test]
 async fn a_nonce_used_outside_txflow_while_submitted_is_replaced_then_reallocated_and_mined_once() {
-    logs();
+    show_logs();
     // No mining until the test says so; no resubmission within the test (it would put our
     // transaction back into the pool).
     let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
@@ -477,7 +466,7 @@ async fn a_move_sets_keeps_or_clears_the_receipt_columns_in_its_own_statement() 
     use txflow_core::domain::{ChainId, NodeId, Signer};
     use txflow_core::lease::{Acquisition, LeaseConfig, LeaseManager};
     use txflow_core::role::Role;
-    use txflow_core::state::{MINE, REORG, RESUBMIT};
+    use txflow_core::state::{MINE, Move, REORG, RESUBMIT};
     use txflow_core::txstore::{self, MinedReceipt, MoveRow, ReceiptWrite};
 
     let db = TestDb::new().await;
@@ -528,36 +517,36 @@ async fn a_move_sets_keeps_or_clears_the_receipt_columns_in_its_own_statement() 
         .expect("row")
     };
     let hash = format!("0x{}", "ab".repeat(32));
-    let row = |receipt: ReceiptWrite| MoveRow {
-        receipt,
-        ..MoveRow::new(tx_id, uuid::Uuid::new_v4(), serde_json::json!({}))
+    // Applies `m` to the row with `receipt`, in a fenced transaction of its own.
+    let apply = async |m: Move, receipt: ReceiptWrite| {
+        let row = MoveRow {
+            receipt,
+            ..MoveRow::new(tx_id, uuid::Uuid::new_v4(), serde_json::json!({}))
+        };
+        let mut tx = lease.begin(&db.pool).await.expect("begin");
+        txstore::apply_all(&mut tx.writer(), m, &[row])
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        tx.commit().await.expect("commit");
     };
 
     // A move that does not name them keeps them (and the schedule).
-    let mut tx = lease.begin(&db.pool).await.expect("begin");
-    txstore::apply_all(&mut tx.writer(), RESUBMIT, &[row(ReceiptWrite::Keep)])
-        .await
-        .expect("resubmit");
-    tx.commit().await.expect("commit");
+    apply(RESUBMIT, ReceiptWrite::Keep).await;
     assert_eq!(
         columns().await,
         ("SUBMITTED".into(), None, None, None, false, false)
     );
 
-    let mut tx = lease.begin(&db.pool).await.expect("begin");
     let receipt = serde_json::json!({"attempt": 1, "block_number": 9});
-    txstore::apply_all(
-        &mut tx.writer(),
+    apply(
         MINE,
-        &[row(ReceiptWrite::Set(MinedReceipt {
+        ReceiptWrite::Set(MinedReceipt {
             receipt: receipt.clone(),
             block_number: 9,
             block_hash: hash.clone(),
-        }))],
+        }),
     )
-    .await
-    .expect("mine");
-    tx.commit().await.expect("commit");
+    .await;
     assert_eq!(
         columns().await,
         (
@@ -570,11 +559,7 @@ async fn a_move_sets_keeps_or_clears_the_receipt_columns_in_its_own_statement() 
         )
     );
 
-    let mut tx = lease.begin(&db.pool).await.expect("begin");
-    txstore::apply_all(&mut tx.writer(), REORG, &[row(ReceiptWrite::Clear)])
-        .await
-        .expect("reorg");
-    tx.commit().await.expect("commit");
+    apply(REORG, ReceiptWrite::Clear).await;
     assert_eq!(
         columns().await,
         ("SUBMITTED".into(), None, None, None, true, true)

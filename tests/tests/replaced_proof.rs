@@ -6,19 +6,16 @@
 //! so the transaction is SUBMITTED at its nonce, never REPLACED, and mined once. Real PostgreSQL,
 //! broker and anvil, with the JSON-RPC fault proxy in front of anvil.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use alloy::primitives::{Address, U256};
-use alloy::providers::ProviderBuilder;
-use alloy::providers::ext::AnvilApi;
+use alloy::primitives::Address;
 use alloy::signers::local::PrivateKeySigner;
 use txflow_core::chain::{Chain, ChainClient, SendOutcome};
 use txflow_tests::AnvilNode;
 use txflow_tests::fake_chain::{FakeChain, signed_transfer};
-use txflow_tests::fault_proxy::{Fault, FaultProxy, Rule};
+use txflow_tests::fault_proxy::{Fault, Rule};
 use txflow_tests::pipeline::{Pipeline, SINK};
-use txflow_tests::wait_until;
+use txflow_tests::{show_logs, wait_until};
 
 const LONG: Duration = Duration::from_secs(180);
 
@@ -38,15 +35,6 @@ fn unknown_hashes() -> Vec<Rule> {
     ]
 }
 
-/// The state of request `id`'s transaction.
-async fn state_of(p: &Pipeline, id: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT state FROM managed_tx WHERE request_id = $1")
-        .bind(id)
-        .fetch_optional(&p.db.pool)
-        .await
-        .expect("state")
-}
-
 /// How many TxReplaced rows request `id`'s transaction has.
 async fn replaced_events(p: &Pipeline, id: &str) -> i64 {
     sqlx::query_scalar(
@@ -59,24 +47,9 @@ async fn replaced_events(p: &Pipeline, id: &str) -> i64 {
     .expect("TxReplaced rows")
 }
 
-/// The nonces of our signers' mined transactions, per calldata marker.
-async fn mined_nonces(p: &Pipeline) -> BTreeMap<String, Vec<u64>> {
-    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for tx in p.mined().await {
-        out.entry(tx.marker()).or_default().push(tx.nonce);
-    }
-    out
-}
-
 #[tokio::test]
 async fn a_mined_transaction_whose_hash_lookups_say_unknown_is_not_replaced_nor_sent_twice() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TXFLOW_LOG")
-                .unwrap_or_else(|_| "warn,librdkafka=error".into()),
-        )
-        .with_test_writer()
-        .try_init();
+    show_logs();
     let mut p = Pipeline::prepare(1, |_| {}).await;
     // Every send reaches anvil, which takes and mines it, but its answer is lost: the
     // transaction stays SIGNED. Every lookup of a hash says "unknown".
@@ -86,8 +59,7 @@ async fn a_mined_transaction_whose_hash_lookups_say_unknown_is_not_replaced_nor_
         Fault::ForwardThenLose,
     )];
     rules.extend(unknown_hashes());
-    let proxy = FaultProxy::start(&p.anvil.url, rules).await;
-    p.config.rpc_urls = vec![proxy.url.clone()];
+    let proxy = p.behind_proxy(rules).await;
     let config = p.config.clone();
     p.start_stages(&config).await;
 
@@ -105,7 +77,7 @@ async fn a_mined_transaction_whose_hash_lookups_say_unknown_is_not_replaced_nor_
         proxy.faults()
     );
     assert_eq!(
-        state_of(&p, "proof-0").await.as_deref(),
+        p.state_of("proof-0").await.as_deref(),
         Some("SIGNED"),
         "no answer heard: still SIGNED"
     );
@@ -117,7 +89,7 @@ async fn a_mined_transaction_whose_hash_lookups_say_unknown_is_not_replaced_nor_
         "the transaction's \"nonce too low\" is settled",
         LONG,
         || async {
-            state_of(&p, "proof-0").await.as_deref() == Some("SUBMITTED")
+            p.state_of("proof-0").await.as_deref() == Some("SUBMITTED")
                 || replaced_events(&p, "proof-0").await > 0
         },
     )
@@ -135,7 +107,7 @@ async fn a_mined_transaction_whose_hash_lookups_say_unknown_is_not_replaced_nor_
     })
     .await;
     wait_until("the second transaction is SUBMITTED", LONG, || async {
-        state_of(&p, "proof-1").await.as_deref() == Some("SUBMITTED")
+        p.state_of("proof-1").await.as_deref() == Some("SUBMITTED")
     })
     .await;
 
@@ -145,7 +117,7 @@ async fn a_mined_transaction_whose_hash_lookups_say_unknown_is_not_replaced_nor_
         Some(&1),
         "mined exactly once: {markers:?}"
     );
-    let nonces = mined_nonces(&p).await;
+    let nonces = p.mined_nonces().await;
     assert_eq!(
         nonces.get("txflow:proof-0"),
         Some(&vec![0]),
@@ -272,17 +244,9 @@ where
 #[tokio::test]
 async fn the_chains_history_is_the_same_on_anvil_and_on_the_fake_chain() {
     let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
-    let provider = ProviderBuilder::new().connect_http(anvil.url.parse().expect("url"));
-    let key = PrivateKeySigner::random();
-    provider
-        .anvil_set_balance(key.address(), U256::from(10u128.pow(21)))
-        .await
-        .expect("fund");
+    let key = anvil.funded_key().await;
     let chain = Chain::connect(&anvil.url, 31337).expect("connect");
-    history_contract(&chain, &key, || async {
-        provider.anvil_mine(Some(1), None).await.expect("mine");
-    })
-    .await;
+    history_contract(&chain, &key, || anvil.mine_block()).await;
 
     let fake = FakeChain::new();
     let key = PrivateKeySigner::random();

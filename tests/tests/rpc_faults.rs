@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use txflow_tests::fault_proxy::{Fault, FaultProxy, Rule};
 use txflow_tests::pipeline::Pipeline;
-use txflow_tests::wait_until;
+use txflow_tests::{show_logs, wait_until};
 
 const LONG: Duration = Duration::from_secs(480);
 
@@ -39,24 +39,16 @@ async fn check_every_request_mined_once(p: &Pipeline, ids: &[String]) {
 
 #[tokio::test]
 async fn failures_on_every_rpc_method_and_lost_send_answers_lose_nothing_and_duplicate_nothing() {
-    // The stages' warnings go to the test's output, shown when it fails.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TXFLOW_LOG")
-                .unwrap_or_else(|_| "warn,librdkafka=error".into()),
-        )
-        .with_test_writer()
-        .try_init();
+    show_logs();
     let mut p = Pipeline::prepare(3, |_| {}).await;
     let delay = Duration::from_millis(1500);
-    let proxy = FaultProxy::start(
-        &p.anvil.url,
-        // Out of every twenty calls of each method: the 1st fails with 503, the 3rd with 429, the
-        // 5th gets its answer after the client's timeout, the 7th has its connection dropped,
-        // the 9th gets "limit exceeded"; and the 2nd send of every ten reaches the node, whose
-        // answer is then lost. Never more than three failures in a row, so a call's four rounds
-        // always get through in the end: what is tested is that nothing is lost or duplicated.
-        vec![
+    // Out of every twenty calls of each method: the 1st fails with 503, the 3rd with 429, the 5th
+    // gets its answer after the client's timeout, the 7th has its connection dropped, the 9th
+    // gets "limit exceeded"; and the 2nd send of every ten reaches the node, whose answer is then
+    // lost. Never more than three failures in a row, so a call's four rounds always get through
+    // in the end: what is tested is that nothing is lost or duplicated.
+    let proxy = p
+        .behind_proxy(vec![
             Rule::on("eth_sendRawTransaction", 10, Fault::ForwardThenLose).offset(2),
             Rule::all(20, Fault::Status(503)).offset(1),
             Rule::all(20, Fault::Status(429)).offset(3),
@@ -70,10 +62,8 @@ async fn failures_on_every_rpc_method_and_lost_send_answers_lose_nothing_and_dup
                 },
             )
             .offset(9),
-        ],
-    )
-    .await;
-    p.config.rpc_urls = vec![proxy.url.clone()];
+        ])
+        .await;
     // Shorter than the injected delay: a delayed answer is a timeout to the client.
     p.config.rpc_timeout_ms = 1000;
     let config = p.config.clone();

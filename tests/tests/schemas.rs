@@ -37,6 +37,7 @@ fn tx_request() -> TxRequest {
         max_fee_per_gas: Some("3000000000".into()),
         max_priority_fee_per_gas: None,
         metadata: BTreeMap::from([("desk".to_string(), "treasury".to_string())]),
+        depends_on_request_id: Some("invoice-2026-0000".into()),
     }
 }
 fn tx_accepted() -> TxAccepted {
@@ -475,5 +476,85 @@ async fn an_evolved_schema_is_read_by_old_and_new_readers() {
             Box::new(Value::String("http://rpc-2".into()))
         )),
         "new data keeps the new field"
+    );
+}
+
+/// TxRequest as it was before `depends_on_request_id` (issue 14 point 5): today's schema without
+/// that field.
+fn tx_request_before_dependencies() -> String {
+    let mut v: serde_json::Value = serde_json::from_str(TxRequest::SCHEMA_JSON).expect("json");
+    v["fields"]
+        .as_array_mut()
+        .expect("fields")
+        .retain(|f| f["name"] != "depends_on_request_id");
+    v.to_string()
+}
+
+#[tokio::test]
+async fn tx_request_gained_depends_on_request_id_compatibly() {
+    use apache_avro::reader::datum::GenericDatumReader;
+    use apache_avro::writer::datum::GenericDatumWriter;
+
+    let before_json = tx_request_before_dependencies();
+    let before = Schema::parse_str(&before_json).expect("the old TxRequest parses");
+    assert_ne!(before_json, TxRequest::SCHEMA_JSON, "the field was removed");
+
+    // The registry, as it runs (BACKWARD), takes today's TxRequest over the one before it.
+    let subject = format!("{}-value", unique("dependson"));
+    let put = reqwest::Client::new()
+        .put(format!("{}/config/{subject}", registry_url()))
+        .json(&serde_json::json!({ "compatibility": "BACKWARD" }))
+        .send()
+        .await
+        .expect("PUT config");
+    assert!(put.status().is_success(), "{}", put.status());
+    let (status, body) = post_schema(&subject, &before_json).await;
+    assert_eq!(status, 200, "the old TxRequest registers: {body}");
+    let (status, body) = post_schema(&subject, TxRequest::SCHEMA_JSON).await;
+    assert_eq!(
+        status, 200,
+        "today's TxRequest is a compatible change: {body}"
+    );
+
+    // A request from an upstream that predates the field reads as one without a dependency.
+    let mut fields = match apache_avro::to_value(tx_request()).expect("value") {
+        Value::Record(f) => f,
+        other => panic!("not a record: {other:?}"),
+    };
+    fields.retain(|(name, _)| name != "depends_on_request_id");
+    let old = Value::Record(fields)
+        .resolve(&before)
+        .expect("an old value");
+    let old_bytes = GenericDatumWriter::builder(&before)
+        .build()
+        .and_then(|w| w.write_value_to_vec(old))
+        .expect("old datum");
+    let read: TxRequest = decode_datum(&before, &old_bytes).expect("today's reader, old data");
+    assert_eq!(
+        read,
+        TxRequest {
+            depends_on_request_id: None,
+            ..tx_request()
+        }
+    );
+
+    // A reader that predates the field reads today's requests, without it.
+    let new_bytes = encode_datum(&tx_request()).expect("datum");
+    let back = GenericDatumReader::builder(TxRequest::schema())
+        .reader_schema(&before)
+        .build()
+        .and_then(|r| r.read_value(&mut std::io::Cursor::new(&new_bytes)))
+        .expect("the old reader, new data");
+    let Value::Record(fields) = back else {
+        panic!("not a record: {back:?}");
+    };
+    let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(!names.contains(&"depends_on_request_id"), "{names:?}");
+    assert!(
+        fields.contains(&(
+            "request_id".to_string(),
+            Value::String("invoice-2026-0001".into())
+        )),
+        "{fields:?}"
     );
 }

@@ -5,13 +5,12 @@
 //! recorded SUBMITTED; it is mined once and the next request takes the next nonce. Real
 //! PostgreSQL, broker and anvil, with the JSON-RPC fault proxy in front of anvil.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use txflow_core::chain::SEND_ERRORS;
-use txflow_tests::fault_proxy::{Fault, FaultProxy, Rule};
+use txflow_tests::fault_proxy::{Fault, Rule};
 use txflow_tests::pipeline::Pipeline;
-use txflow_tests::wait_until;
+use txflow_tests::{show_logs, wait_until};
 
 const LONG: Duration = Duration::from_secs(180);
 
@@ -19,33 +18,9 @@ const LONG: Duration = Duration::from_secs(180);
 const UNKNOWN_CODE: i64 = -32000;
 const UNKNOWN_MESSAGE: &str = "upstream relay hiccup 7f3a, request id 42";
 
-/// The nonces of our signers' mined transactions, per calldata marker.
-async fn mined_nonces(p: &Pipeline) -> BTreeMap<String, Vec<u64>> {
-    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for tx in p.mined().await {
-        out.entry(tx.marker()).or_default().push(tx.nonce);
-    }
-    out
-}
-
-/// The state of request `id`'s transaction.
-async fn state_of(p: &Pipeline, id: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT state FROM managed_tx WHERE request_id = $1")
-        .bind(id)
-        .fetch_optional(&p.db.pool)
-        .await
-        .expect("state")
-}
-
 #[tokio::test]
 async fn an_unknown_send_error_for_a_transaction_the_node_took_fails_nothing_and_reuses_no_nonce() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TXFLOW_LOG")
-                .unwrap_or_else(|_| "warn,librdkafka=error".into()),
-        )
-        .with_test_writer()
-        .try_init();
+    show_logs();
     // The premise: the proxy's wording is known to no row of the table (nor is its code a
     // rate-limit or internal-error code).
     let lower = UNKNOWN_MESSAGE.to_lowercase();
@@ -76,9 +51,8 @@ async fn an_unknown_send_error_for_a_transaction_the_node_took_fails_nothing_and
     }
     // The first send reaches anvil (which takes and mines it), then the client is told it
     // failed with a wording no one knows; every later call is passed through.
-    let proxy = FaultProxy::start(
-        &p.anvil.url,
-        vec![
+    let proxy = p
+        .behind_proxy(vec![
             Rule::on(
                 "eth_sendRawTransaction",
                 1_000_000,
@@ -88,10 +62,8 @@ async fn an_unknown_send_error_for_a_transaction_the_node_took_fails_nothing_and
                 },
             )
             .offset(1),
-        ],
-    )
-    .await;
-    p.config.rpc_urls = vec![proxy.url.clone()];
+        ])
+        .await;
     let config = p.config.clone();
     p.start_stages(&config).await;
 
@@ -112,12 +84,12 @@ async fn an_unknown_send_error_for_a_transaction_the_node_took_fails_nothing_and
     // FAILED on the code as it was.
     wait_until("the first transaction's send is settled", LONG, || async {
         matches!(
-            state_of(&p, "unknown-0").await.as_deref(),
+            p.state_of("unknown-0").await.as_deref(),
             Some("SUBMITTED" | "MINED" | "CONFIRMED" | "FAILED" | "REPLACED")
         )
     })
     .await;
-    let state = state_of(&p, "unknown-0").await;
+    let state = p.state_of("unknown-0").await;
     assert!(
         matches!(state.as_deref(), Some("SUBMITTED" | "MINED" | "CONFIRMED")),
         "a transaction the node may have taken is never failed nor replaced: {state:?}"
@@ -131,13 +103,13 @@ async fn an_unknown_send_error_for_a_transaction_the_node_took_fails_nothing_and
     .await;
     wait_until("the second transaction is recorded", LONG, || async {
         matches!(
-            state_of(&p, "unknown-1").await.as_deref(),
+            p.state_of("unknown-1").await.as_deref(),
             Some("SUBMITTED" | "MINED" | "CONFIRMED" | "FAILED" | "REPLACED")
         )
     })
     .await;
 
-    let nonces = mined_nonces(&p).await;
+    let nonces = p.mined_nonces().await;
     assert_eq!(
         nonces.get("txflow:unknown-0"),
         Some(&vec![0]),

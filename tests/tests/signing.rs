@@ -10,7 +10,8 @@
 //! in PostgreSQL and on the chain: one recorded attempt per request, each mined once.
 //!
 //! Both ways the gateway signs: a TxAllocated message (through the stage runtime) and the recovery
-//! scan's drive (PostgreSQL only, no message).
+//! scan's drive (PostgreSQL only, no message) — which also signs the defensive cancellation of a
+//! transaction undone by a deep reorg.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -583,5 +584,198 @@ async fn the_drive_after_a_batch_signs_once_and_a_row_that_moved_meanwhile_is_le
             .collect::<Vec<_>>(),
         [(1, "3000000000")],
         "signed as PostgreSQL holds it now"
+    );
+}
+
+/// Makes `tx_id` (recorded by [`allocated`]) what the confirmation manager leaves after a reorg
+/// deeper than the depth undid it: CONFIRMED, `reorged_at` set, generation 1, no block; with its
+/// attempt 1 at the test's caps (unfenced: test setup).
+async fn undone_by_a_deep_reorg(pool: &PgPool, tx_id: uuid::Uuid) {
+    sqlx::query(
+        "UPDATE managed_tx SET state = 'CONFIRMED', reorged_at = now(), reorg_generation = 1
+         WHERE tx_id = $1",
+    )
+    .bind(tx_id)
+    .execute(pool)
+    .await
+    .expect("undone by a deep reorg");
+    sqlx::query(
+        "INSERT INTO tx_attempts (tx_id, attempt, tx_hash, raw_tx, max_fee_per_gas, max_priority_fee_per_gas)
+         VALUES ($1, 1, $2, '\\x00', $3::numeric, $4::numeric)",
+    )
+    .bind(tx_id)
+    .bind(format!("0x{:064x}", tx_id.as_u128()))
+    .bind(MAX_FEE.to_string())
+    .bind(TIP.to_string())
+    .execute(pool)
+    .await
+    .expect("its attempt");
+}
+
+/// The defensive cancellation (seed 000 §4.4) is signed by the recovery scan's drive like any
+/// signature: with no transaction open, then recorded in one short fenced transaction, once, for
+/// a transaction still as it was read. It is a 0-value transfer to the signer at the undone
+/// transaction's nonce, priced at twice the higher of the original's and the market's tips, with
+/// room for it over twice the market's base fee, within `fees.max_fee_per_gas`. A transaction
+/// that moved while its cancellation was being signed (undone meanwhile) gets none; a transaction
+/// mined again, or whose nonce has one already, needs none; a second scan signs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recovery_scan_signs_one_defensive_cancellation_per_undone_nonce_with_no_transaction_open()
+ {
+    const GWEI: u128 = 1_000_000_000;
+    let db = TestDb::new().await;
+    let key = PrivateKeySigner::random();
+    let signer = format!("{:#x}", key.address());
+    let (keys, mut gate) = Gate::new(&key);
+    let chain = Arc::new(txflow_tests::fake_chain::FakeChain::new());
+    // The market: a base fee of 3.5 gwei (the max fee is twice it plus the tip), a tip of 3 gwei.
+    chain.set_fees(10 * GWEI, 3 * GWEI);
+    let stage = Arc::new(
+        SignStage::new(
+            SignerConfig {
+                chain_id: ChainId(CHAIN_ID),
+                topics: Topics::new(unique("signing")),
+                policy: Policy::default(),
+            },
+            keys,
+        )
+        .with_cancellations(chain.clone(), 15 * GWEI),
+    );
+    let pool = txflow_core::db::connect(&gateway_url(&db.url), 4)
+        .await
+        .expect("the gateway's pool");
+    let leases = LeaseManager::new(
+        pool.clone(),
+        stage.role(),
+        NodeId::named("sign-cancel"),
+        LeaseConfig::default(),
+    )
+    .expect("lease manager");
+    let lease = match leases
+        .acquire(ChainId(CHAIN_ID), &Signer::parse(&signer).expect("signer"))
+        .await
+        .expect("acquire")
+    {
+        Acquisition::Held(l, _) => l,
+        busy => panic!("lease not acquired: {busy:?}"),
+    };
+    let drive = || {
+        let (stage, lease, pool) = (stage.clone(), lease.clone(), pool.clone());
+        tokio::spawn(async move {
+            stage
+                .drive(DriveCtx {
+                    lease: &lease,
+                    pool: &pool,
+                    recovery: true,
+                })
+                .await
+                .unwrap_or_else(|e| panic!("the drive failed: {e:?}"))
+        })
+    };
+    let cancellations = || async {
+        sqlx::query_as::<_, (i64, uuid::Uuid, i32, Vec<u8>, String, String, i64)>(
+            "SELECT nonce, tx_id, reorg_generation, raw_tx, max_fee_per_gas::text,
+                    max_priority_fee_per_gas::text, fencing_token
+             FROM tx_cancellations ORDER BY nonce",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .expect("tx_cancellations")
+    };
+
+    // Nonces 0 and 1 undone by a deep reorg; nonce 2 undone too, but mined again since.
+    let (first, _) = allocated(&db.pool, &signer, 0).await;
+    let (second, _) = allocated(&db.pool, &signer, 1).await;
+    let (third, _) = allocated(&db.pool, &signer, 2).await;
+    for tx_id in [first, second, third] {
+        undone_by_a_deep_reorg(&db.pool, tx_id).await;
+    }
+    sqlx::query(
+        "UPDATE managed_tx SET receipt = '{}'::jsonb, mined_block_number = 9,
+                mined_block_hash = '0x0000000000000000000000000000000000000000000000000000000000000009'
+         WHERE tx_id = $1",
+    )
+    .bind(third)
+    .execute(&db.pool)
+    .await
+    .expect("mined again");
+    assert_eq!(
+        txflow_signer_gateway::store::pending_signers(&db.pool, ChainId(CHAIN_ID))
+            .await
+            .expect("pending signers"),
+        [(ChainId(CHAIN_ID), Signer::parse(&signer).expect("signer"))],
+        "the recovery scan looks at the signer"
+    );
+
+    // Signed one at a time with no transaction open; the second one's transaction is undone
+    // (back to SIMULATED) while its cancellation is being signed.
+    let running = drive();
+    assert_eq!(gate.check_signatures(&db.pool, 1).await, [0]);
+    assert_eq!(gate.next_started().await, 1);
+    let held = held_while_signing(&db.pool).await;
+    assert!(held.is_empty(), "while signing: {held:?}");
+    sqlx::query("UPDATE managed_tx SET state = 'SIMULATED', reorged_at = NULL WHERE tx_id = $1")
+        .bind(second)
+        .execute(&db.pool)
+        .await
+        .expect("undone meanwhile");
+    gate.open();
+    let outputs = tokio::time::timeout(LONG, running)
+        .await
+        .expect("the drive ends")
+        .expect("the drive did not panic");
+    assert!(outputs.is_empty(), "nothing announced: {outputs:?}");
+
+    // One recorded: nonce 0's, the self-transfer as the key signs it.
+    let expected = txflow_core::chain::sign(
+        &key,
+        &UnsignedTx {
+            chain_id: CHAIN_ID as u64,
+            nonce: 0,
+            to: key.address(),
+            value: U256::ZERO,
+            data: Bytes::new(),
+            gas_limit: 21_000,
+            // Capped at 15 gwei (twice the market's would be 20); a tip of twice the market's.
+            max_fee_per_gas: 15 * GWEI,
+            max_priority_fee_per_gas: 6 * GWEI,
+        },
+    )
+    .expect("sign");
+    assert_eq!(
+        cancellations().await,
+        [(
+            0,
+            first,
+            1,
+            expected.raw,
+            (15 * GWEI).to_string(),
+            (6 * GWEI).to_string(),
+            lease.token().0
+        )]
+    );
+    // Nothing of the transactions moved; no attempt was added.
+    for (tx_id, state) in [
+        (first, "CONFIRMED"),
+        (second, "SIMULATED"),
+        (third, "CONFIRMED"),
+    ] {
+        let (now, attempts) = recorded(&db.pool, tx_id).await;
+        assert_eq!((now.as_str(), attempts.len()), (state, 1), "{tx_id}");
+    }
+
+    // A second scan: nothing left to sign.
+    let again = tokio::time::timeout(LONG, drive())
+        .await
+        .expect("the drive ends")
+        .expect("the drive did not panic");
+    assert!(again.is_empty());
+    assert!(gate.started.try_recv().is_err(), "nothing signed again");
+    assert_eq!(cancellations().await.len(), 1);
+    assert!(
+        txflow_signer_gateway::store::pending_signers(&db.pool, ChainId(CHAIN_ID))
+            .await
+            .expect("pending signers")
+            .is_empty()
     );
 }

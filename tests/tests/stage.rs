@@ -45,6 +45,7 @@ fn request(signer: &str, request_id: &str) -> TxRequest {
         max_fee_per_gas: None,
         max_priority_fee_per_gas: None,
         metadata: Default::default(),
+        depends_on_request_id: None,
     }
 }
 

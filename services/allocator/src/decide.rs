@@ -1,8 +1,9 @@
 //! The allocator's decisions, pure (no I/O): validation of the TxRequest contract (ARCHITECTURE
 //! §2; every refusal is a [`Rejection`] with a stable code, dead-lettered), what a simulation
 //! result and the policy make of a transaction, whether a signer that cannot pay for a request
-//! is held as a whole or only that request is ([`signer_funds`], [`HoldBackoff`]), what an
-//! operator command does in each state, and how an allocation or a no-op is built. Arithmetic on
+//! is held as a whole or only that request is ([`signer_funds`], [`HoldBackoff`]), whether a
+//! chained request may go on, waits or fails with its parent ([`dependency`]), what an operator
+//! command does in each state, and how an allocation or a no-op is built. Arithmetic on
 //! values from the node is checked: what cannot be represented is an [`OutOfRange`], never a
 //! wrap or a panic. `handler.rs` loads, calls these, and persists through `store.rs`.
 
@@ -16,6 +17,7 @@ use txflow_core::failure::FailureCode;
 use txflow_core::policy::{Policy, Verdict};
 use txflow_core::stage::Rejection;
 use txflow_core::state::TxState;
+use uuid::Uuid;
 
 pub const MAX_DATA_BYTES: usize = 128 * 1024;
 pub const MAX_GAS_LIMIT: i64 = 30_000_000;
@@ -62,6 +64,8 @@ pub struct ValidRequest {
     pub gas_limit: Option<u64>,
     pub max_fee_per_gas: Option<u128>,
     pub max_priority_fee_per_gas: Option<u128>,
+    /// The request that must be CONFIRMED first (a chained task), never the request itself.
+    pub depends_on_request_id: Option<String>,
 }
 
 fn decimal_u256(field: &str, v: &str) -> Result<U256, Rejection> {
@@ -94,6 +98,21 @@ pub fn validate(r: &TxRequest, expected_chain: ChainId) -> Result<ValidRequest, 
             "INVALID_REQUEST_ID",
             "request_id must have 1 to 64 characters",
         ));
+    }
+    if let Some(parent) = &r.depends_on_request_id {
+        if parent.is_empty() || parent.chars().count() > 64 {
+            return Err(Rejection::new(
+                "INVALID_DEPENDS_ON_REQUEST_ID",
+                "depends_on_request_id must have 1 to 64 characters",
+            ));
+        }
+        // It would wait for itself forever.
+        if *parent == r.request_id {
+            return Err(Rejection::new(
+                "SELF_DEPENDENCY",
+                format!("request {:?} depends on itself", r.request_id),
+            ));
+        }
     }
     if r.chain_id != expected_chain.0 {
         return Err(Rejection::new(
@@ -165,6 +184,7 @@ pub fn validate(r: &TxRequest, expected_chain: ChainId) -> Result<ValidRequest, 
         gas_limit,
         max_fee_per_gas,
         max_priority_fee_per_gas,
+        depends_on_request_id: r.depends_on_request_id.clone(),
     })
 }
 
@@ -397,6 +417,106 @@ impl HoldBackoff {
 /// The reason recorded on a request held alone (`managed_tx.hold_reason`).
 pub fn request_hold_reason(node_reason: &str) -> String {
     format!("the signer cannot pay for this request now: {node_reason}")
+}
+
+/// A recorded request with the `request_id` a chained request depends on (its parent), as the
+/// allocator reads it: any chain, any signer. Several requests may carry one `request_id` (it is
+/// unique per chain and signer only); every one of them counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parent {
+    pub tx_id: Uuid,
+    pub chain_id: ChainId,
+    pub signer: String,
+    pub state: TxState,
+    /// `confirmed_at` is set: final at the required depth (CONFIRMED, or REVERTED settled).
+    pub settled: bool,
+    /// `reorged_at` is set: a reorg deeper than the required depth undid it, and its outcome is
+    /// being re-evaluated.
+    pub reorged: bool,
+    /// `failure_code` and `failure_reason`, for a FAILED one.
+    pub failure: Option<(String, String)>,
+}
+
+/// Whether a chained request may go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dependency {
+    /// Every parent is CONFIRMED and not undone by a reorg: the request goes on like any other.
+    Met,
+    /// Not yet (no parent recorded, or one still on its way): it stays RECEIVED, holding no
+    /// nonce, and is looked at again on the signer's next drive (at the latest the next recovery
+    /// scan).
+    Wait { why: String },
+    /// A parent failed: FAILED with [`FailureCode::DependencyFailed`] and this reason.
+    Failed { reason: String },
+}
+
+/// What one parent's row says about it.
+enum ParentOutcome {
+    Confirmed,
+    Failed(String),
+    OnItsWay(String),
+}
+
+fn parent_outcome(p: &Parent) -> ParentOutcome {
+    let which = format!(
+        "transaction {} (signer {}, chain {})",
+        p.tx_id, p.signer, p.chain_id
+    );
+    match p.state {
+        TxState::Confirmed if !p.reorged => ParentOutcome::Confirmed,
+        TxState::Failed => ParentOutcome::Failed(match &p.failure {
+            Some((code, reason)) => format!("{which} is FAILED: {code}: {reason}"),
+            None => format!("{which} is FAILED"),
+        }),
+        // A revert is final once settled at depth; before that a reorg may still send it back.
+        TxState::Reverted if p.settled && !p.reorged => {
+            ParentOutcome::Failed(format!("{which} reverted on chain"))
+        }
+        TxState::Confirmed | TxState::Reverted => ParentOutcome::OnItsWay(format!(
+            "{which} is {}, undone by a deep reorg or not settled yet",
+            p.state
+        )),
+        TxState::Received
+        | TxState::Simulated
+        | TxState::PendingApproval
+        | TxState::Allocated
+        | TxState::Signed
+        | TxState::Submitted
+        | TxState::Mined
+        | TxState::Replaced => ParentOutcome::OnItsWay(format!("{which} is {}", p.state)),
+    }
+}
+
+/// Whether a request that depends on `parent_request_id` may go on, given every recorded
+/// request with that id (`parents`): it fails as soon as one of them failed, goes on once all of
+/// them are CONFIRMED (and at least one is recorded), and waits otherwise — a parent not yet
+/// received is not a failure (it may still arrive).
+pub fn dependency(parent_request_id: &str, parents: &[Parent]) -> Dependency {
+    let outcomes: Vec<ParentOutcome> = parents.iter().map(parent_outcome).collect();
+    if let Some(why) = outcomes.iter().find_map(|o| match o {
+        ParentOutcome::Failed(why) => Some(why),
+        ParentOutcome::Confirmed | ParentOutcome::OnItsWay(_) => None,
+    }) {
+        return Dependency::Failed {
+            reason: format!("depends on request {parent_request_id:?}, which failed: {why}"),
+        };
+    }
+    if let Some(why) = outcomes.iter().find_map(|o| match o {
+        ParentOutcome::OnItsWay(why) => Some(why),
+        ParentOutcome::Confirmed | ParentOutcome::Failed(_) => None,
+    }) {
+        return Dependency::Wait {
+            why: format!("waits for request {parent_request_id:?} to be CONFIRMED: {why}"),
+        };
+    }
+    if outcomes.is_empty() {
+        return Dependency::Wait {
+            why: format!(
+                "waits for request {parent_request_id:?} to be CONFIRMED: it is not recorded yet"
+            ),
+        };
+    }
+    Dependency::Met
 }
 
 /// Whether an allocation must first align the cursor with the chain's pending nonce: when the
@@ -657,6 +777,7 @@ mod tests {
             max_fee_per_gas: None,
             max_priority_fee_per_gas: None,
             metadata: Default::default(),
+            depends_on_request_id: None,
         }
     }
 
@@ -1294,11 +1415,166 @@ mod tests {
                 },
                 "INVALID_FEE",
             ),
+            (
+                |r| r.depends_on_request_id = Some(r.request_id.clone()),
+                "SELF_DEPENDENCY",
+            ),
+            (
+                |r| r.depends_on_request_id = Some(String::new()),
+                "INVALID_DEPENDS_ON_REQUEST_ID",
+            ),
+            (
+                |r| r.depends_on_request_id = Some("p".repeat(65)),
+                "INVALID_DEPENDS_ON_REQUEST_ID",
+            ),
         ];
         for (mutate, want) in cases {
             let mut r = ok();
             mutate(&mut r);
             assert_eq!(code(r), want);
         }
+    }
+
+    fn parent(state: TxState) -> Parent {
+        Parent {
+            tx_id: Uuid::from_u128(7),
+            chain_id: ChainId(10),
+            signer: TO.into(),
+            state,
+            settled: matches!(state, TxState::Confirmed),
+            reorged: false,
+            failure: None,
+        }
+    }
+
+    fn verdict(d: &Dependency) -> &'static str {
+        match d {
+            Dependency::Met => "met",
+            Dependency::Wait { .. } => "wait",
+            Dependency::Failed { .. } => "failed",
+        }
+    }
+
+    #[test]
+    fn a_chained_request_goes_on_once_its_parent_is_confirmed_and_fails_with_it() {
+        // One parent, in every state: only CONFIRMED lets it go on, only FAILED fails it (a
+        // revert fails it once settled, below); every other state is a parent on its way.
+        for state in TxState::ALL {
+            let want = match state {
+                TxState::Confirmed => "met",
+                TxState::Failed => "failed",
+                TxState::Received
+                | TxState::Simulated
+                | TxState::PendingApproval
+                | TxState::Allocated
+                | TxState::Signed
+                | TxState::Submitted
+                | TxState::Mined
+                | TxState::Reverted
+                | TxState::Replaced => "wait",
+            };
+            let d = dependency("hop-1", &[parent(state)]);
+            assert_eq!(verdict(&d), want, "a parent in {state}: {d:?}");
+        }
+        let with = |state, settled, reorged| Parent {
+            settled,
+            reorged,
+            ..parent(state)
+        };
+        type Case = (&'static str, Vec<Parent>, &'static str);
+        let cases: Vec<Case> = vec![
+            (
+                "no parent recorded yet: waits (it may still arrive)",
+                vec![],
+                "wait",
+            ),
+            (
+                "confirmed, then undone by a deep reorg: waits for the re-evaluation",
+                vec![with(TxState::Confirmed, true, true)],
+                "wait",
+            ),
+            (
+                "reverted, not settled: a reorg may still send it back",
+                vec![with(TxState::Reverted, false, false)],
+                "wait",
+            ),
+            (
+                "reverted and settled at depth: failed",
+                vec![with(TxState::Reverted, true, false)],
+                "failed",
+            ),
+            (
+                "reverted, settled, then undone by a deep reorg: waits",
+                vec![with(TxState::Reverted, true, true)],
+                "wait",
+            ),
+            (
+                "two requests with the id, one still on its way: waits for both",
+                vec![parent(TxState::Confirmed), parent(TxState::Submitted)],
+                "wait",
+            ),
+            (
+                "two requests with the id, both confirmed: goes on",
+                vec![parent(TxState::Confirmed), parent(TxState::Confirmed)],
+                "met",
+            ),
+            (
+                "two requests with the id, one failed: failed, whatever the other",
+                vec![parent(TxState::Mined), parent(TxState::Failed)],
+                "failed",
+            ),
+        ];
+        for (name, parents, want) in cases {
+            let d = dependency("hop-1", &parents);
+            assert_eq!(verdict(&d), want, "{name}: {d:?}");
+        }
+        // The reasons name the parent request, its transaction, signer and chain, and why.
+        let failed = Parent {
+            failure: Some(("POLICY_DENIED".into(), "value above the limit".into())),
+            ..parent(TxState::Failed)
+        };
+        assert_eq!(
+            dependency("hop-1", &[failed]),
+            Dependency::Failed {
+                reason: format!(
+                    "depends on request \"hop-1\", which failed: transaction {} (signer {TO}, \
+                     chain 10) is FAILED: POLICY_DENIED: value above the limit",
+                    Uuid::from_u128(7)
+                )
+            }
+        );
+        let Dependency::Failed { reason } =
+            dependency("hop-1", &[with(TxState::Reverted, true, false)])
+        else {
+            panic!("a settled revert fails the child");
+        };
+        assert!(reason.ends_with("reverted on chain"), "{reason}");
+        assert_eq!(
+            dependency("hop-1", &[]),
+            Dependency::Wait {
+                why: "waits for request \"hop-1\" to be CONFIRMED: it is not recorded yet".into()
+            }
+        );
+        let Dependency::Wait { why } = dependency("hop-1", &[parent(TxState::Mined)]) else {
+            panic!("waits");
+        };
+        assert!(
+            why.contains("\"hop-1\"") && why.ends_with("is MINED"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_request_names_another_request_as_its_parent() {
+        let mut r = ok();
+        r.depends_on_request_id = Some("hop-0".into());
+        let v = validate(&r, ChainId(31337)).expect("valid");
+        assert_eq!(v.depends_on_request_id.as_deref(), Some("hop-0"));
+        assert_eq!(
+            validate(&ok(), ChainId(31337))
+                .expect("valid")
+                .depends_on_request_id,
+            None
+        );
     }
 }

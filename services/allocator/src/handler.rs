@@ -2,16 +2,19 @@
 //! (`store.rs`) → outputs.
 //!
 //! - [`RequestStage`] (`tx.requests`): `handle` validates and records RECEIVED, idempotent on
-//!   (chain, signer, request_id); `drive` simulates (RECEIVED → SIMULATED / PENDING_APPROVAL /
-//!   FAILED; a request the signer cannot pay for stays RECEIVED, held alone with its reason and
-//!   a back-off while the signer can pay for others, or with the whole signer held when it can
-//!   pay for none), allocates nonces (SIMULATED / REPLACED → ALLOCATED; a transaction that cannot
-//!   be allocated as recorded fails alone) and fills released nonces nobody took with no-ops.
+//!   (chain, signer, request_id), with what it depends on; `drive` first keeps a chained request
+//!   RECEIVED until its parent is CONFIRMED (or fails it with its parent), then simulates
+//!   (RECEIVED → SIMULATED / PENDING_APPROVAL / FAILED; a request the signer cannot pay for
+//!   stays RECEIVED, held alone with its reason and a back-off while the signer can pay for
+//!   others, or with the whole signer held when it can pay for none), allocates nonces
+//!   (SIMULATED / REPLACED → ALLOCATED; a transaction that cannot be allocated as recorded fails
+//!   alone) and fills released nonces nobody took with no-ops.
 //!   External calls run outside any transaction.
 //! - [`CommandStage`] (`tx.commands`): APPROVE and CANCEL, compare-and-sets on the state of a
 //!   transaction of the command's signer; a command naming a transaction that is not the
 //!   signer's (`TX_NOT_OF_SIGNER`) or no transaction (`UNKNOWN_TX`) is dead-lettered.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use alloy::primitives::{Address, Bytes, U256};
@@ -194,21 +197,35 @@ impl Handler for RequestStage {
                 payload: json(&decide::payload_of(&v))?,
                 audit: audit("TxAccepted", &accepted)?,
             });
-            announced.push((k, tx_id, accepted, decide::payload_of(&v)));
+            announced.push((
+                k,
+                tx_id,
+                accepted,
+                decide::payload_of(&v),
+                v.depends_on_request_id,
+            ));
         }
         let created = store::accept(w, &rows).await?;
+        // What the new ones depend on, in the same transaction: a chained request is never
+        // visible to a drive without its parent's name.
+        let dependencies: Vec<(Uuid, String)> = announced
+            .iter()
+            .filter(|(_, tx_id, ..)| created.contains(tx_id))
+            .filter_map(|(_, tx_id, _, _, parent)| parent.clone().map(|p| (*tx_id, p)))
+            .collect();
+        store::record_dependencies(w, &dependencies).await?;
         // Duplicates (of an earlier batch, or of a message earlier in this one).
         let duplicates: Vec<String> = announced
             .iter()
-            .filter(|(_, tx_id, _, _)| !created.contains(tx_id))
-            .map(|(_, _, a, _)| a.request_id.clone())
+            .filter(|(_, tx_id, ..)| !created.contains(tx_id))
+            .map(|(_, _, a, ..)| a.request_id.clone())
             .collect();
         let stored = if duplicates.is_empty() {
             Vec::new()
         } else {
             store::recorded_requests(w, &duplicates).await?
         };
-        for (k, tx_id, accepted, asked) in announced {
+        for (k, tx_id, accepted, asked, asked_parent) in announced {
             let event = if created.contains(&tx_id) {
                 Ok(accepted)
             } else {
@@ -217,7 +234,10 @@ impl Handler for RequestStage {
                         let recorded = serde_json::from_value::<TxPayload>(r.payload.clone());
                         match recorded {
                             // The same request again: re-announce the original.
-                            Ok(recorded) if decide::same_request(&recorded, &asked) => {
+                            Ok(recorded)
+                                if decide::same_request(&recorded, &asked)
+                                    && r.depends_on_request_id == asked_parent =>
+                            {
                                 serde_json::from_value(r.accepted.clone())
                                     .map_err(|e| HandlerError::fail("CORRUPT_EVENT", e.to_string()))
                             }
@@ -225,7 +245,7 @@ impl Handler for RequestStage {
                             Ok(_) => Err(HandlerError::Reject(Rejection::new(
                                 "DUPLICATE_REQUEST_ID",
                                 format!(
-                                    "request_id {:?} is already recorded as transaction {} with another destination, value or data",
+                                    "request_id {:?} is already recorded as transaction {} with another destination, value, data or dependency",
                                     accepted.request_id, r.tx_id
                                 ),
                             ))),
@@ -267,6 +287,29 @@ fn signer_address(lease: &HeldLease) -> Result<Address, HandlerError> {
         .map_err(|e: alloy::hex::FromHexError| HandlerError::fail("INVALID_SIGNER", e.to_string()))
 }
 
+/// A parent as [`decide::dependency`] reads it; `None` when the child's parent is not recorded
+/// yet; an error for a row this binary cannot read (a state it does not know).
+fn parent_of(f: &store::ParentRow) -> Result<Option<decide::Parent>, String> {
+    let (Some(tx_id), Some(chain_id), Some(signer), Some(state)) =
+        (f.tx_id, f.chain_id, f.signer.as_ref(), f.state.as_deref())
+    else {
+        return Ok(None);
+    };
+    let state = TxState::parse(state).map_err(|e| format!("parent {tx_id}: {e}"))?;
+    Ok(Some(decide::Parent {
+        tx_id,
+        chain_id: ChainId(chain_id),
+        signer: signer.clone(),
+        state,
+        settled: f.settled,
+        reorged: f.reorged,
+        failure: f
+            .failure_code
+            .clone()
+            .map(|code| (code, f.failure_reason.clone().unwrap_or_default())),
+    }))
+}
+
 impl RequestStage {
     /// RECEIVED → SIMULATED / PENDING_APPROVAL / FAILED. A request the signer cannot pay for
     /// stays RECEIVED: held alone (its reason on its row, simulated again after a back-off) when
@@ -281,6 +324,9 @@ impl RequestStage {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
+        // Chained requests whose parent is not CONFIRMED yet wait; those whose parent failed
+        // fail (their own transaction, committed here). The rest are simulated.
+        let (rows, mut outputs) = self.dependencies(ctx, rows).await?;
         let holds = store::request_holds(ctx.pool, lease.key())
             .await
             .map_err(|e| HandlerError::transient("request holds", e))?;
@@ -289,7 +335,7 @@ impl RequestStage {
             .filter(|r| !holds.iter().any(|h| h.tx_id == r.tx_id && h.waiting))
             .collect();
         if rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok(outputs);
         }
         let from = signer_address(lease)?;
         // The calls run outside any transaction, several at a time.
@@ -351,7 +397,7 @@ impl RequestStage {
                 txflow_core::holds::hold(ctx.pool, lease.key(), &reason)
                     .await
                     .map_err(|e| HandlerError::transient("hold", e))?;
-                return Ok(Vec::new());
+                return Ok(outputs);
             }
             decide::SignerFunds::Retry { reason } => {
                 return Err(HandlerError::transient(
@@ -417,7 +463,84 @@ impl RequestStage {
         // A request that cannot be paid waits without a nonce too, so it blocks nobody either.
         store::hold_requests(&mut tx.writer(), &held).await?;
         tx.commit().await?;
-        Ok(self.failures(&key, failed, &landed))
+        outputs.extend(self.failures(&key, failed, &landed));
+        Ok(outputs)
+    }
+
+    /// Sorts RECEIVED `rows` by what they depend on (`managed_tx.depends_on_request_id`, a
+    /// chained task of seed 000 §6): one read for all of them joins each chained request to its
+    /// parents ([`decide::dependency`] decides). A request whose parent failed is FAILED
+    /// (DEPENDENCY_FAILED, the reason naming the parent) in one fenced transaction, announced
+    /// by the TxFailed outputs returned; one whose parent is not CONFIRMED yet (or not recorded
+    /// yet) is left out, holding no nonce — the next drive looks again, at the latest the
+    /// recovery scan's, so a child goes on about one scan interval after its parent is
+    /// confirmed, and a wait costs one read per scan, no call to the node. Returns the rows to
+    /// simulate: those without a dependency and those whose parents are all CONFIRMED.
+    async fn dependencies(
+        &self,
+        ctx: &DriveCtx<'_>,
+        rows: Vec<TxRow>,
+    ) -> Result<(Vec<TxRow>, Vec<Output>), HandlerError> {
+        let lease = ctx.lease;
+        // Read after `rows`: every chained request among them is in it (a request is recorded
+        // with its dependency in one transaction); one recorded since is not in `rows`.
+        let found = store::parents(ctx.pool, lease.key())
+            .await
+            .map_err(|e| HandlerError::transient("parents", e))?;
+        if found.is_empty() {
+            return Ok((rows, Vec::new()));
+        }
+        let mut chained: BTreeMap<Uuid, (String, Vec<decide::Parent>)> = BTreeMap::new();
+        let mut unreadable = BTreeSet::new();
+        for f in found {
+            let entry = chained
+                .entry(f.child)
+                .or_insert_with(|| (f.parent_request_id.clone(), Vec::new()));
+            match parent_of(&f) {
+                Ok(Some(p)) => entry.1.push(p),
+                Ok(None) => {}
+                // A parent row this binary cannot read: the child waits (it never goes on or
+                // fails on a guess), reported on every drive.
+                Err(why) => {
+                    tracing::error!(signer = %lease.key().signer, tx_id = %f.child, why, "a chained request's parent cannot be read; it waits");
+                    unreadable.insert(f.child);
+                }
+            }
+        }
+        let (mut go, mut failing, mut failed) = (Vec::new(), Vec::new(), Vec::new());
+        for row in rows {
+            let Some((parent, parents)) = chained.get(&row.tx_id) else {
+                go.push(row);
+                continue;
+            };
+            if unreadable.contains(&row.tx_id) {
+                continue;
+            }
+            match decide::dependency(parent, parents) {
+                decide::Dependency::Met => {
+                    tracing::info!(signer = %lease.key().signer, tx_id = %row.tx_id, request_id = %row.request_id, parent, "chained request goes on: its parent is confirmed");
+                    go.push(row);
+                }
+                decide::Dependency::Wait { why } => {
+                    tracing::debug!(signer = %lease.key().signer, tx_id = %row.tx_id, request_id = %row.request_id, why, "chained request waits");
+                }
+                decide::Dependency::Failed { reason } => {
+                    tracing::warn!(signer = %lease.key().signer, tx_id = %row.tx_id, request_id = %row.request_id, reason, "chained request failed with its parent");
+                    let (m, f) =
+                        fail_row(lease, &row, FailureCode::DependencyFailed, &reason, None)?;
+                    failing.push(m);
+                    failed.push(f);
+                }
+            }
+        }
+        if failing.is_empty() {
+            return Ok((go, Vec::new()));
+        }
+        let key = self.key(lease);
+        let mut tx = lease.begin(ctx.pool).await?;
+        let landed = store::fail_unallocated(&mut tx.writer(), &failing).await?;
+        tx.commit().await?;
+        Ok((go, self.failures(&key, failed, &landed)))
     }
 
     /// One `eth_estimateGas`, as the allocator's decisions see it.

@@ -27,6 +27,8 @@ pub struct Recorded {
     pub payload: serde_json::Value,
     /// The stored TxAccepted (re-emitted for a duplicate, same `event_id`).
     pub accepted: serde_json::Value,
+    /// What it depends on (`managed_tx.depends_on_request_id`).
+    pub depends_on_request_id: Option<String>,
 }
 
 /// The recorded transactions of these requests of the writer's signer.
@@ -38,8 +40,8 @@ pub async fn recorded_requests(
     w.read(
         "recorded requests",
         sqlx::query_as(
-            "SELECT m.request_id, m.tx_id, m.payload, e.payload AS accepted FROM managed_tx m
-             JOIN tx_events e ON e.tx_id = m.tx_id AND e.type = $4
+            "SELECT m.request_id, m.tx_id, m.payload, e.payload AS accepted, m.depends_on_request_id
+             FROM managed_tx m JOIN tx_events e ON e.tx_id = m.tx_id AND e.type = $4
              WHERE m.chain_id = $1 AND m.signer = $2 AND m.request_id = ANY($3)",
         )
         .bind(key.chain_id.0)
@@ -48,6 +50,83 @@ pub async fn recorded_requests(
         .bind("TxAccepted"),
     )
     .await
+}
+
+/// Records what new requests depend on (`(tx_id, depends_on_request_id)`), in the transaction
+/// that created them (RECEIVED): one fenced statement. Every row must be there; none is `Fenced`.
+pub async fn record_dependencies(
+    w: &mut Fenced<'_>,
+    rows: &[(Uuid, String)],
+) -> Result<(), FenceError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
+    let parents: Vec<&str> = rows.iter().map(|(_, p)| p.as_str()).collect();
+    let sql = format!(
+        "UPDATE managed_tx m SET depends_on_request_id = u.parent
+         FROM unnest($6::uuid[], $7::text[]) AS u(tx_id, parent)
+         WHERE m.tx_id = u.tx_id AND m.chain_id = $2 AND m.signer = $3 AND m.state = $8
+           AND {FENCE_PREDICATE}"
+    );
+    let touched = w
+        .execute("record dependencies", &sql, |q| {
+            q.bind(ids).bind(parents).bind(TxState::Received.as_str())
+        })
+        .await?;
+    if touched != rows.len() as u64 {
+        return Err(FenceError::Moved {
+            operation: "record dependencies",
+            expected: rows.len(),
+            moved: usize::try_from(touched).unwrap_or(usize::MAX),
+        });
+    }
+    Ok(())
+}
+
+/// A chained request of the signer and one recorded request with the `request_id` it depends
+/// on (its parent, on any chain and signer), as [`parents`] reads them; the parent's columns are
+/// `None` when none is recorded yet.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ParentRow {
+    pub child: Uuid,
+    pub parent_request_id: String,
+    pub tx_id: Option<Uuid>,
+    pub chain_id: Option<i64>,
+    pub signer: Option<String>,
+    /// `managed_tx.state`, as stored (parsed by the handler).
+    pub state: Option<String>,
+    /// `confirmed_at` is set.
+    pub settled: bool,
+    /// `reorged_at` is set.
+    pub reorged: bool,
+    pub failure_code: Option<String>,
+    pub failure_reason: Option<String>,
+}
+
+/// The signer's chained requests still waiting (RECEIVED, naming a parent) and their parents,
+/// in one statement: each joined to every request recorded with the `request_id` it names (any
+/// chain, any signer). A plain read, outside any transaction; what it decides is written under
+/// the fence. The predicate is the partial index `managed_tx_waiting_child_idx`'s, written out
+/// (the state name from [`TxState::as_str`]) so that the planner uses it whatever the plan.
+pub async fn parents(pool: &PgPool, key: &LeaseKey) -> Result<Vec<ParentRow>, sqlx::Error> {
+    let sql = format!(
+        "SELECT c.tx_id AS child, c.depends_on_request_id AS parent_request_id,
+                p.tx_id, p.chain_id, p.signer, p.state,
+                p.confirmed_at IS NOT NULL AS settled, p.reorged_at IS NOT NULL AS reorged,
+                p.failure_code, p.failure_reason
+         FROM managed_tx c
+         LEFT JOIN managed_tx p ON p.request_id = c.depends_on_request_id
+         WHERE c.chain_id = $1 AND c.signer = $2
+           AND c.depends_on_request_id IS NOT NULL AND c.state = '{}'
+         ORDER BY c.tx_id, p.created_at, p.tx_id",
+        TxState::Received.as_str()
+    );
+    sqlx::query_as(&sql)
+        .bind(key.chain_id.0)
+        .bind(key.signer.as_str())
+        .fetch_all(pool)
+        .await
 }
 
 /// RECEIVED → SIMULATED (a hold of the request, if it had one, cleared).
@@ -125,7 +204,7 @@ pub async fn hold_requests(
                 .bind(TxState::Received.as_str())
         })
         .await?;
-    fenced_or_ids(w, "hold requests", out)
+    txstore::ids_or_fenced(w, "hold requests", out)
 }
 
 /// Clears the holds of requests that left RECEIVED (their reason no longer applies). The
@@ -147,21 +226,7 @@ async fn clear_request_holds(w: &mut Fenced<'_>, landed: &[Landed]) -> Result<()
     let out: Vec<(Option<Uuid>,)> = w
         .fetch_all("clear request holds", &sql, |q| q.bind(ids))
         .await?;
-    fenced_or_ids(w, "clear request holds", out).map(|_| ())
-}
-
-/// The ids a statement returned, or `Fenced` when its `fence_ok` sentinel (a NULL row) is
-/// missing.
-fn fenced_or_ids(
-    w: &Fenced<'_>,
-    operation: &'static str,
-    out: Vec<(Option<Uuid>,)>,
-) -> Result<Vec<Uuid>, FenceError> {
-    let fence_ok = out.iter().any(|(id,)| id.is_none());
-    if !fence_ok {
-        return Err(w.fenced(operation));
-    }
-    Ok(out.into_iter().filter_map(|(id,)| id).collect())
+    txstore::ids_or_fenced(w, "clear request holds", out).map(|_| ())
 }
 
 /// A RECEIVED request of the signer that is held alone.

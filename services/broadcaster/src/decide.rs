@@ -5,7 +5,9 @@
 //! - [`nonce_too_low`] (with [`PassSearch`], shared with the receipt checker: txflow-domain
 //!   `nonce_proof`): whose nonce it is when the node answers "nonce too low", on the chain's
 //!   proof, and [`IntoSent`], what that makes of the send;
-//! - [`split_due`] and [`classify_resend`]: the resubmission of submitted, unmined transactions.
+//! - [`split_due`] and [`classify_resend`]: the resubmission of submitted, unmined transactions;
+//! - [`nonce_consumed`] and [`classify_cancellation`]: the defensive cancellation of a nonce after a
+//!   deep reorg (seed 000 §4.4).
 
 use txflow_core::chain::SendOutcome;
 use txflow_core::events::SubmitOutcome;
@@ -221,6 +223,58 @@ pub fn resend_funds(outcome: &SendOutcome) -> Funds {
         SendOutcome::Accepted | SendOutcome::PossiblySent { .. } => Funds::Paid,
         SendOutcome::InsufficientFunds { .. } => Funds::Short,
         _ => Funds::Untold,
+    }
+}
+
+/// Whether the chain's latest nonce `latest` (the signer's mined transactions) is past `nonce`:
+/// a defensive cancellation of it is not sent then — the cancellation or the original is mined,
+/// and the confirmation manager tells which.
+pub fn nonce_consumed(nonce: i64, latest: u64) -> bool {
+    // A nonce is never negative (the column's check); one that were could not be sent.
+    u64::try_from(nonce).map_or(true, |n| n < latest)
+}
+
+/// What became of the send of a defensive cancellation. Nothing here moves a state: its
+/// bookkeeping is recorded (sent again every `resubmit_interval` while it is due) and the
+/// confirmation manager re-evaluates the transaction from the chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelSent {
+    /// A node took it (accepted or already known).
+    Taken,
+    /// "nonce too low": its nonce is used (the cancellation or the original mined, or a
+    /// transaction txflow did not send); never a "whose nonce" proof, which is the confirmation
+    /// manager's.
+    Consumed,
+    /// The signer cannot pay: hold the signer and stop.
+    Hold(String),
+    /// The node refused it, or its answer is unknown: looked at again at the next interval.
+    /// `alert` when the refusal is for good: the nonce stays unprotected until an operator acts.
+    NotTaken { reason: String, alert: bool },
+}
+
+/// Classifies the node's answer to the send of a defensive cancellation.
+pub fn classify_cancellation(outcome: SendOutcome) -> CancelSent {
+    match outcome {
+        SendOutcome::Accepted | SendOutcome::PossiblySent { .. } => CancelSent::Taken,
+        SendOutcome::NonceTooLow { .. } => CancelSent::Consumed,
+        SendOutcome::InsufficientFunds { reason } => CancelSent::Hold(reason),
+        SendOutcome::Rejected {
+            retryable: false,
+            reason,
+        } => CancelSent::NotTaken {
+            reason,
+            alert: true,
+        },
+        // Retryable (e.g. "replacement transaction underpriced": a node holds the original at
+        // fees the cap kept the cancellation under), or unknown: the next interval tries again.
+        SendOutcome::Rejected {
+            retryable: true,
+            reason,
+        }
+        | SendOutcome::Unknown { reason } => CancelSent::NotTaken {
+            reason,
+            alert: false,
+        },
     }
 }
 
@@ -512,5 +566,79 @@ mod tests {
             assert_eq!(b.and(a), want, "{b:?} and {a:?}");
         }
         assert_eq!(Funds::default(), Untold);
+    }
+
+    #[test]
+    fn a_cancellation_is_sent_while_its_nonce_is_free_and_never_proven_whose() {
+        type Case = (i64, u64, bool);
+        let cases: Vec<Case> = vec![
+            (4, 4, false),
+            (4, 3, false),
+            (4, 5, true),
+            (0, 1, true),
+            (-1, 0, true),
+        ];
+        for (nonce, latest, consumed) in cases {
+            assert_eq!(
+                nonce_consumed(nonce, latest),
+                consumed,
+                "{nonce} at {latest}"
+            );
+        }
+        let answers: Vec<(SendOutcome, CancelSent)> = vec![
+            (SendOutcome::Accepted, CancelSent::Taken),
+            (
+                SendOutcome::PossiblySent {
+                    reason: r("already known"),
+                },
+                CancelSent::Taken,
+            ),
+            // Used: by the cancellation, the original or anything else; the confirmation manager
+            // re-evaluates from the chain.
+            (
+                SendOutcome::NonceTooLow {
+                    reason: r("nonce too low"),
+                },
+                CancelSent::Consumed,
+            ),
+            (
+                SendOutcome::InsufficientFunds {
+                    reason: r("insufficient funds"),
+                },
+                CancelSent::Hold(r("insufficient funds")),
+            ),
+            (
+                SendOutcome::Rejected {
+                    retryable: true,
+                    reason: r("replacement transaction underpriced"),
+                },
+                CancelSent::NotTaken {
+                    reason: r("replacement transaction underpriced"),
+                    alert: false,
+                },
+            ),
+            (
+                SendOutcome::Rejected {
+                    retryable: false,
+                    reason: r("invalid sender"),
+                },
+                CancelSent::NotTaken {
+                    reason: r("invalid sender"),
+                    alert: true,
+                },
+            ),
+            (
+                SendOutcome::Unknown {
+                    reason: r("-32000: something"),
+                },
+                CancelSent::NotTaken {
+                    reason: r("-32000: something"),
+                    alert: false,
+                },
+            ),
+        ];
+        for (outcome, want) in answers {
+            assert_eq!(classify_cancellation(outcome.clone()), want, "{outcome:?}");
+        }
     }
 }

@@ -7,7 +7,6 @@
 //! batch commits and in the recovery scan.
 
 use std::collections::HashSet;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use alloy::primitives::{Address, B256};
@@ -19,9 +18,9 @@ use txflow_core::events::{TxFailed, TxReplaced, TxSigned, TxSubmitted};
 use txflow_core::failure::{FailureCode, truncate_reason};
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
-use txflow_core::lease::LeaseKey;
-use txflow_core::retry::{Classify, Retry};
+use txflow_core::retry::Classify;
 use txflow_core::role::Role;
+use txflow_core::stage::handler::{audit_json, db, route_signer, signer_address};
 use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
 use txflow_core::state::{FAIL_SIGNED, Move, REPLACE, RESUBMIT, SUBMIT};
 use uuid::Uuid;
@@ -39,41 +38,6 @@ pub struct BroadcastStage {
     pub chain: Arc<dyn ChainClient>,
 }
 
-/// Deterministic failures of the broadcaster: retrying would fail the same way.
-#[derive(Debug, thiserror::Error)]
-pub enum BroadcastError {
-    #[error("the signer {signer} is not an address")]
-    SignerAddress {
-        signer: String,
-        #[source]
-        source: <Address as FromStr>::Err,
-    },
-    #[error("encoding the {event} audit payload")]
-    Audit {
-        event: &'static str,
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-impl Classify for BroadcastError {
-    fn retry(&self) -> Retry {
-        match self {
-            BroadcastError::SignerAddress { .. } | BroadcastError::Audit { .. } => Retry::Permanent,
-        }
-    }
-}
-
-fn signer_address(key: &LeaseKey) -> Result<Address, BroadcastError> {
-    key.signer
-        .as_str()
-        .parse()
-        .map_err(|source| BroadcastError::SignerAddress {
-            signer: key.signer.as_str().to_string(),
-            source,
-        })
-}
-
 /// The audit row of `m` for an event: its id and its JSON.
 fn audit_row<E: serde::Serialize>(
     tx_id: Uuid,
@@ -81,24 +45,11 @@ fn audit_row<E: serde::Serialize>(
     m: Move,
     event: &E,
 ) -> Result<Row, HandlerError> {
-    let event = serde_json::to_value(event).map_err(|source| {
-        HandlerError::classified(
-            "audit",
-            BroadcastError::Audit {
-                event: m.event,
-                source,
-            },
-        )
-    })?;
     Ok(Row {
         tx_id,
         event_id,
-        event,
+        event: audit_json(m, event)?,
     })
-}
-
-fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> HandlerError {
-    move |e| HandlerError::transient(context, e)
 }
 
 impl BroadcastStage {
@@ -119,9 +70,7 @@ impl Handler for BroadcastStage {
     }
 
     fn route(&self, s: &TxSigned) -> Result<(ChainId, Signer), Rejection> {
-        let signer = Signer::parse(&s.signer)
-            .map_err(|e| Rejection::new("INVALID_SIGNER", e.to_string()))?;
-        Ok((ChainId(s.chain_id), signer))
+        route_signer(s.chain_id, &s.signer)
     }
 
     /// Nothing to write: the attempt was persisted before TxSigned was produced. The send happens
@@ -142,7 +91,9 @@ impl Handler for BroadcastStage {
         let (outputs, mut funds) = self.send_signed(&ctx).await?;
         // Resubmissions are due every few seconds at most: the recovery scan's drives (which
         // include every signer with one due) are enough, not every batch's.
+        // So are the defensive cancellations after a deep reorg (sent first: the most urgent).
         if ctx.recovery {
+            funds = funds.and(self.send_cancellations(&ctx).await?);
             funds = funds.and(self.resubmit(&ctx).await?);
         }
         // A refusal for funds held the signer where it happened. The hold clears only when a node
@@ -380,16 +331,15 @@ impl BroadcastStage {
         Ok(emits
             .into_iter()
             .filter(|(tx_id, _)| moved.contains(tx_id))
-            .map(|(_, emit)| match emit {
-                Emit::Submitted(e) => {
-                    Output::new(topics.tx_submitted(), Subjects::TopicName, skey.clone(), e)
-                }
-                Emit::Failed(e) => Output::new(
+            .flat_map(|(_, emit)| match emit {
+                // On tx.submitted for the receipt checker, and a copy on tx.outcomes.
+                Emit::Submitted(e) => txflow_core::outbox::submitted(topics, skey.clone(), e),
+                Emit::Failed(e) => vec![Output::new(
                     topics.tx_outcomes(),
                     Subjects::TopicRecordName,
                     skey.clone(),
                     e,
-                ),
+                )],
             })
             .collect())
     }
@@ -464,6 +414,129 @@ impl BroadcastStage {
         let mut w = tx.writer();
         store::passed(&mut w, &passed).await?;
         store::resubmitted(&mut w, &rows, self.config.resubmit_interval).await?;
+        tx.commit().await?;
+        Ok(funds)
+    }
+}
+
+/// The stable event name of a defensive cancellation sent (WARN the first time a node takes it,
+/// INFO on every later send).
+pub const CANCELLATION_SENT: &str = "reorg_cancellation_sent";
+
+/// The stable event name of the critical alert raised when a node refuses a defensive
+/// cancellation for good: the nonce it should void stays unprotected.
+pub const CANCELLATION_REFUSED: &str = "reorg_cancellation_refused";
+
+impl BroadcastStage {
+    /// Sends the signer's defensive cancellations that are due (seed 000 §4.4: signed by the
+    /// signer gateway for a transaction a deep reorg undid), outside any transaction, in nonce
+    /// order, then records the look at each in one fenced statement; each is due again after
+    /// `resubmit_interval` for as long as its transaction is re-evaluated and not mined again.
+    /// One whose nonce the chain has passed is not sent (the cancellation or the original is
+    /// mined: the confirmation manager tells which, from the chain); nothing here moves a state.
+    /// Holds the signer on "insufficient funds"; returns what the sends said about the funds.
+    async fn send_cancellations(&self, ctx: &DriveCtx<'_>) -> Result<Funds, HandlerError> {
+        let key = ctx.lease.key();
+        let mut funds = Funds::Untold;
+        let due = store::due_cancellations(ctx.pool, key)
+            .await
+            .map_err(db("list due cancellations"))?;
+        if due.is_empty() {
+            return Ok(funds);
+        }
+        let address =
+            signer_address(key).map_err(|e| HandlerError::classified("signer address", e))?;
+        let latest = self
+            .chain
+            .latest_nonce(address)
+            .await
+            .map_err(|e| HandlerError::classified("latest nonce", e))?;
+        let mut looked = Vec::with_capacity(due.len());
+        for c in due {
+            let nonce = c.nonce;
+            if decide::nonce_consumed(nonce, latest) {
+                tracing::debug!(signer = %key.signer, nonce, "the cancellation's nonce is used: not sent");
+                looked.push((nonce, false));
+                continue;
+            }
+            let outcome = match self.chain.send_raw(&c.raw_tx).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    tracing::warn!(signer = %key.signer, nonce, error = %e, "sending a defensive cancellation failed: the next recovery scan tries again");
+                    break;
+                }
+            };
+            funds = funds.and(decide::resend_funds(&outcome));
+            match decide::classify_cancellation(outcome) {
+                decide::CancelSent::Taken => {
+                    if c.sends == 0 {
+                        tracing::warn!(
+                            target: "txflow::reorg",
+                            event = CANCELLATION_SENT,
+                            chain_id = key.chain_id.0,
+                            signer = %key.signer,
+                            tx_id = %c.tx_id,
+                            nonce,
+                            tx_hash = %c.tx_hash,
+                            sends = c.sends + 1,
+                            "defensive cancellation sent: whichever of it and the original is mined settles the nonce"
+                        );
+                    } else {
+                        tracing::info!(
+                            target: "txflow::reorg",
+                            event = CANCELLATION_SENT,
+                            chain_id = key.chain_id.0,
+                            signer = %key.signer,
+                            tx_id = %c.tx_id,
+                            nonce,
+                            tx_hash = %c.tx_hash,
+                            sends = c.sends + 1,
+                            "defensive cancellation sent again"
+                        );
+                    }
+                    looked.push((nonce, true));
+                }
+                decide::CancelSent::Consumed => looked.push((nonce, false)),
+                decide::CancelSent::Hold(reason) => {
+                    txflow_core::holds::hold(ctx.pool, key, &reason)
+                        .await
+                        .map_err(db("hold"))?;
+                    looked.push((nonce, false));
+                    break;
+                }
+                decide::CancelSent::NotTaken {
+                    reason,
+                    alert: true,
+                } => {
+                    tracing::error!(
+                        target: "txflow::alert",
+                        event = CANCELLATION_REFUSED,
+                        alert = true,
+                        chain_id = key.chain_id.0,
+                        signer = %key.signer,
+                        tx_id = %c.tx_id,
+                        nonce,
+                        tx_hash = %c.tx_hash,
+                        %reason,
+                        "a node refuses the defensive cancellation for good: the nonce it voids is unprotected, sent again at the next interval"
+                    );
+                    looked.push((nonce, false));
+                }
+                decide::CancelSent::NotTaken {
+                    reason,
+                    alert: false,
+                } => {
+                    tracing::warn!(signer = %key.signer, tx_id = %c.tx_id, nonce, %reason, "a node did not take the defensive cancellation: sent again at the next interval");
+                    looked.push((nonce, false));
+                }
+            }
+        }
+        if looked.is_empty() {
+            return Ok(funds);
+        }
+        let mut tx = ctx.lease.begin(ctx.pool).await?;
+        let mut w = tx.writer();
+        store::cancellations_looked_at(&mut w, &looked, self.config.resubmit_interval).await?;
         tx.commit().await?;
         Ok(funds)
     }

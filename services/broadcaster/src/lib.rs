@@ -29,12 +29,12 @@ pub mod store;
 use tokio_util::sync::CancellationToken;
 use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
-use txflow_core::lease::{LeaseConfig, LeaseManager};
-use txflow_core::role::{Role, RoleError};
+use txflow_core::lease::LeaseConfig;
+use txflow_core::role::RoleError;
 use txflow_core::stage::{StageConfig, StageRuntime};
 
 pub use config::BroadcasterConfig;
-pub use handler::{BroadcastError, BroadcastStage};
+pub use handler::BroadcastStage;
 
 /// The broadcaster's stage runtime on `deps`.
 pub async fn runtime(
@@ -43,17 +43,9 @@ pub async fn runtime(
     lease: LeaseConfig,
 ) -> Result<StageRuntime<BroadcastStage>, RoleError> {
     let config = &deps.config;
-    let leases = LeaseManager::new(deps.pool.clone(), Role::Broadcaster, node, lease)?;
     let sc = StageConfig::for_pipeline(config, "broadcaster", lease);
     let stage = BroadcastStage::new(BroadcasterConfig::from_config(config), deps.chain.clone());
-    Ok(StageRuntime::new(
-        stage,
-        deps.pool.clone(),
-        deps.codec.clone(),
-        config.kafka.clone(),
-        leases,
-        sc,
-    ))
+    deps.stage_runtime(stage, node, sc)
 }
 
 /// Runs the role on `deps` until `shutdown`.

@@ -241,8 +241,8 @@ pub async fn attempt_hashes(pool: &PgPool, tx_id: Uuid) -> Result<Vec<String>, s
     Ok(rows.into_iter().map(|(h,)| h).collect())
 }
 
-/// The signers of `chain_id` with work for the broadcaster: SIGNED transactions to send, or
-/// SUBMITTED ones with a resubmission due.
+/// The signers of `chain_id` with work for the broadcaster: SIGNED transactions to send,
+/// SUBMITTED ones with a resubmission due, or a defensive cancellation due.
 pub async fn pending_signers(
     pool: &PgPool,
     chain_id: ChainId,
@@ -261,7 +261,14 @@ pub async fn pending_signers(
     .bind(TxState::Submitted.as_str())
     .fetch_all(pool)
     .await?;
-    for (chain_id, signer) in due {
+    let cancelling: Vec<(i64, String)> = sqlx::query_as(&format!(
+        "SELECT DISTINCT m.chain_id, m.signer {CANCELLATION_DUE} AND m.chain_id = $1"
+    ))
+    .bind(chain_id.0)
+    .bind(txstore::names(&VOIDED))
+    .fetch_all(pool)
+    .await?;
+    for (chain_id, signer) in due.into_iter().chain(cancelling) {
         if let Ok(s) = Signer::parse(&signer) {
             let key = (ChainId(chain_id), s);
             if !signers.contains(&key) {
@@ -270,4 +277,76 @@ pub async fn pending_signers(
         }
     }
     Ok(signers)
+}
+
+// ---- The defensive cancellation (seed 000 §4.4, migration 0009) ----
+
+/// The states of a final transaction whose nonce a defensive cancellation voids once a deep reorg
+/// undid it.
+pub const VOIDED: [TxState; 2] = [TxState::Confirmed, TxState::Reverted];
+
+/// The cancellations due (`c`, with the transaction `m` whose nonce they void; states bound as
+/// `$2`): the transaction is still final and being re-evaluated after a deep reorg
+/// (`reorged_at`), not mined again, holding that nonce, and the cancellation's next look is due.
+/// Once the transaction is mined again, settled again or undone, its cancellation is no longer
+/// sent.
+const CANCELLATION_DUE: &str = "FROM managed_tx m
+     JOIN tx_cancellations c ON c.chain_id = m.chain_id AND c.signer = m.signer AND c.nonce = m.nonce
+     WHERE m.reorged_at IS NOT NULL AND m.mined_block_number IS NULL AND m.state = ANY($2)
+       AND (c.next_send_at IS NULL OR c.next_send_at <= now())";
+
+/// A defensive cancellation due to be sent.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct DueCancellation {
+    /// The transaction whose nonce it voids.
+    pub tx_id: Uuid,
+    pub nonce: i64,
+    pub tx_hash: String,
+    pub raw_tx: Vec<u8>,
+    /// How many sends a node took so far.
+    pub sends: i32,
+}
+
+/// The signer's cancellations due, in nonce order, outside any transaction.
+pub async fn due_cancellations(
+    pool: &PgPool,
+    key: &LeaseKey,
+) -> Result<Vec<DueCancellation>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT m.tx_id, c.nonce, c.tx_hash, c.raw_tx, c.sends {CANCELLATION_DUE}
+           AND m.chain_id = $1 AND m.signer = $3
+         ORDER BY c.nonce LIMIT 100"
+    ))
+    .bind(key.chain_id.0)
+    .bind(txstore::names(&VOIDED))
+    .bind(key.signer.as_str())
+    .fetch_all(pool)
+    .await
+}
+
+/// Records that the signer's cancellations of these nonces were looked at now (`taken`: a node
+/// took the send), and are due again after `after`. `Fenced` when the lease is not current.
+pub async fn cancellations_looked_at(
+    w: &mut Fenced<'_>,
+    looked: &[(i64, bool)],
+    after: Duration,
+) -> Result<(), FenceError> {
+    if looked.is_empty() {
+        return Ok(());
+    }
+    let (nonces, taken): (Vec<i64>, Vec<bool>) = looked.iter().copied().unzip();
+    let sql = format!(
+        "UPDATE tx_cancellations c SET
+             last_submit_at = now(),
+             submitted_at = CASE WHEN u.taken THEN coalesce(c.submitted_at, now()) ELSE c.submitted_at END,
+             sends = c.sends + CASE WHEN u.taken THEN 1 ELSE 0 END,
+             next_send_at = now() + $8 * interval '1 millisecond'
+         FROM unnest($6::bigint[], $7::boolean[]) AS u(nonce, taken)
+         WHERE c.chain_id = $2 AND c.signer = $3 AND c.nonce = u.nonce AND {FENCE_PREDICATE}"
+    );
+    w.execute("cancellations sent", &sql, |q| {
+        q.bind(nonces).bind(taken).bind(millis(after))
+    })
+    .await
+    .map(|_| ())
 }

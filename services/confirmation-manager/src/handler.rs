@@ -28,6 +28,7 @@ use txflow_core::kafka::signer_key;
 use txflow_core::lease::LeaseKey;
 use txflow_core::retry::{Classify, Retry};
 use txflow_core::role::Role;
+use txflow_core::stage::handler::{db, route_signer};
 use txflow_core::stage::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
 use txflow_core::state::{
     CONFIRM, COUNT_CONFIRMED, COUNT_MINED, COUNT_REVERTED, Move, RECONFIRM, REORG, SETTLE_REVERTED,
@@ -89,10 +90,6 @@ impl Classify for ConfirmError {
     }
 }
 
-fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> HandlerError {
-    move |e| HandlerError::transient(context, e)
-}
-
 fn json<E: serde::Serialize>(
     event: &'static str,
     e: &E,
@@ -139,9 +136,7 @@ impl Handler for ConfirmStage {
     }
 
     fn route(&self, r: &TxReceiptUpdated) -> Result<(ChainId, Signer), Rejection> {
-        let signer = Signer::parse(&r.signer)
-            .map_err(|e| Rejection::new("INVALID_SIGNER", e.to_string()))?;
-        Ok((ChainId(r.chain_id), signer))
+        route_signer(r.chain_id, &r.signer)
     }
 
     async fn handle(
@@ -340,7 +335,12 @@ impl<'a> Row<'a> {
 enum Recheck {
     /// One of its own attempts is mined again in a canonical block.
     Mined(Receipt, i32),
-    Undone,
+    /// Its nonce was consumed at the depth by another transaction: `cancellation`, the hash of
+    /// the defensive cancellation when it is the one mined (a canonical receipt), else `None` (a
+    /// transaction txflow did not send).
+    Undone {
+        cancellation: Option<String>,
+    },
     OutcomeChanged(Receipt),
     Wait,
 }
@@ -465,12 +465,50 @@ impl ConfirmStage {
             let recheck = match (decide::reevaluate(!t.phase.success(), &facts), mined) {
                 (Reevaluation::Remined, Some((r, attempt))) => Recheck::Mined(r, attempt),
                 (Reevaluation::OutcomeChanged, Some((r, _))) => Recheck::OutcomeChanged(r),
-                (Reevaluation::Undone, _) => Recheck::Undone,
+                (Reevaluation::Undone, _) => Recheck::Undone {
+                    cancellation: self.mined_cancellation(pool, key, t.row.nonce).await?,
+                },
                 _ => Recheck::Wait,
             };
             out.insert(t.row.tx_id, recheck);
         }
         Ok(out)
+    }
+
+    /// The hash of the signer's defensive cancellation of `nonce` (`tx_cancellations`) if it is
+    /// mined in a canonical block: what consumed the nonce, for the record. `None` when there is
+    /// none, or it is not the one mined. Its block is below what the view may reach (the
+    /// transaction has no block of its own to follow from), so it is compared with the chain's
+    /// canonical block at that number.
+    async fn mined_cancellation(
+        &self,
+        pool: &PgPool,
+        key: &LeaseKey,
+        nonce: i64,
+    ) -> Result<Option<String>, HandlerError> {
+        let Some(hash) = store::cancellation_hash(pool, key, nonce)
+            .await
+            .map_err(db("cancellation"))?
+        else {
+            return Ok(None);
+        };
+        let Ok(h) = hash.parse::<B256>() else {
+            return Ok(None);
+        };
+        let receipt = self
+            .chain
+            .receipt(h)
+            .await
+            .map_err(|e| HandlerError::classified("receipt", e))?;
+        let Some(r) = receipt else {
+            return Ok(None);
+        };
+        let canonical = self
+            .chain
+            .block(r.block_number)
+            .await
+            .map_err(|e| HandlerError::classified("block", e))?;
+        Ok(canonical.filter(|b| b.hash == r.block_hash).map(|_| hash))
     }
 
     /// Records the plan in one fenced transaction and returns the outputs of what landed, in
@@ -610,8 +648,9 @@ impl ConfirmStage {
                         generation = t.row.reorg_generation + 1,
                         required = self.config.required,
                         "a reorg deeper than the required depth removed the block of a final transaction: \
-                         downstream gets new_fork=true; its outcome is re-evaluated; a defensive cancellation \
-                         of its nonce must be sent"
+                         downstream gets new_fork=true; the signer gateway signs a defensive cancellation of \
+                         its nonce and the broadcaster sends it; whichever of it and the original is mined \
+                         settles the outcome"
                     );
                     announce(&mut w, &gone, None, ReceiptWrite::Clear)?;
                     w.book(tx_id).park = true;
@@ -674,8 +713,13 @@ impl ConfirmStage {
                              left for an operator"
                         );
                     }
-                    Some(Recheck::Undone) => match t.state {
+                    Some(Recheck::Undone { cancellation }) => match t.state {
                         TxState::Confirmed => {
+                            let consumed_by = if cancellation.is_some() {
+                                "defensive cancellation"
+                            } else {
+                                "another transaction"
+                            };
                             tracing::error!(
                                 target: "txflow::alert",
                                 event = "confirmed_tx_undone",
@@ -683,6 +727,8 @@ impl ConfirmStage {
                                 signer = %key.signer,
                                 tx_id = %tx_id,
                                 nonce = t.row.nonce,
+                                consumed_by,
+                                cancellation_hash = cancellation.as_deref().unwrap_or_default(),
                                 "another transaction consumed the nonce of a confirmed transaction \
                                  undone by a deep reorg: back to SIMULATED, re-evaluated with a fresh nonce"
                             );
@@ -690,6 +736,8 @@ impl ConfirmStage {
                                 "tx_id": tx_id.to_string(),
                                 "nonce": t.row.nonce,
                                 "generation": t.row.reorg_generation,
+                                "consumed_by": consumed_by,
+                                "cancellation_hash": cancellation,
                                 "fencing_token": token,
                             });
                             w.push(
@@ -708,6 +756,7 @@ impl ConfirmStage {
                                 signer = %key.signer,
                                 tx_id = %tx_id,
                                 nonce = t.row.nonce,
+                                by_cancellation = cancellation.is_some(),
                                 "another transaction consumed the nonce of a reverted transaction undone \
                                  by a deep reorg: its outcome (no effect) stands"
                             );

@@ -19,12 +19,16 @@
 //!   resubmission, scheduled in the same transaction, backs the send up.
 //! - A reorg deeper than the required depth (the block of a final transaction is gone) raises the
 //!   critical alert `confirmed_tx_reorged` (ERROR, target `txflow::alert`), announces
-//!   `new_fork = true` with an empty list and re-evaluates the outcome on the chain's proof: its own
-//!   attempt mined again → followed to the depth again (a TxConfirmed of the next generation); its
-//!   nonce consumed at depth by another transaction (the defensive cancellation) → back to
-//!   SIMULATED, re-allocated a fresh nonce.
-//!
-//! Not built yet: signing the defensive cancellation itself (the keys are the signer gateway's).
+//!   `new_fork = true` with an empty list, keeps the transaction in its state with `reorged_at`
+//!   set, and re-evaluates the outcome on the chain's proof — never rolling it back before the
+//!   nonce is settled (seed 000 §4.4). Meanwhile the defensive cancellation goes out: the signer
+//!   gateway (which holds the keys) signs a 0-value self-transfer at the nonce with a high priority
+//!   fee and records it in `tx_cancellations`; the broadcaster sends it, again every
+//!   `TXFLOW_RESUBMIT_INTERVAL_MS`, while the transaction is re-evaluated and not mined again.
+//!   Whichever is mined settles it: its own attempt mined again → followed to the depth again (a
+//!   TxConfirmed of the next generation); its nonce consumed at the depth by anything else (the
+//!   cancellation, recorded as such in the `TxReorgUndone` audit row, or a transaction txflow did
+//!   not send) → back to SIMULATED, re-allocated a fresh nonce.
 //!
 //! The stage's files, as every stage's:
 //! - [`config`]: its settings ([`ConfirmationConfig`]);
@@ -42,8 +46,8 @@ pub mod store;
 use tokio_util::sync::CancellationToken;
 use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
-use txflow_core::lease::{LeaseConfig, LeaseManager};
-use txflow_core::role::{Role, RoleError};
+use txflow_core::lease::LeaseConfig;
+use txflow_core::role::RoleError;
 use txflow_core::stage::{StageConfig, StageRuntime};
 
 pub use config::ConfirmationConfig;
@@ -71,20 +75,11 @@ pub async fn runtime_with(
     node: NodeId,
     lease: LeaseConfig,
 ) -> Result<StageRuntime<ConfirmStage>, RoleError> {
-    let config = &deps.config;
-    let leases = LeaseManager::new(deps.pool.clone(), Role::ConfirmationManager, node, lease)?;
-    let mut sc = StageConfig::for_pipeline(config, "confirmation-manager", lease);
+    let mut sc = StageConfig::for_pipeline(&deps.config, "confirmation-manager", lease);
     // The heads are followed on every recovery scan.
     sc.recovery_interval = settings.poll_interval;
     let stage = ConfirmStage::new(settings, deps.chain.clone());
-    Ok(StageRuntime::new(
-        stage,
-        deps.pool.clone(),
-        deps.codec.clone(),
-        config.kafka.clone(),
-        leases,
-        sc,
-    ))
+    deps.stage_runtime(stage, node, sc)
 }
 
 /// Runs the role on `deps` until `shutdown`.

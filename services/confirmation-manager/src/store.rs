@@ -114,6 +114,23 @@ pub async fn attempts(pool: &PgPool, tx_ids: &[Uuid]) -> Result<Vec<Attempt>, sq
     .await
 }
 
+/// The hash of the signer's defensive cancellation of `nonce` (migration 0009), if one was
+/// signed.
+pub async fn cancellation_hash(
+    pool: &PgPool,
+    key: &LeaseKey,
+    nonce: i64,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT tx_hash FROM tx_cancellations WHERE chain_id = $1 AND signer = $2 AND nonce = $3",
+    )
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(nonce)
+    .fetch_optional(pool)
+    .await
+}
+
 /// The signers of `chain_id` with followed transactions.
 pub async fn pending_signers(
     pool: &PgPool,
@@ -128,10 +145,7 @@ pub async fn pending_signers(
     .bind(txstore::names(&FOLLOWED))
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
-        .collect())
+    Ok(txstore::signer_keys(rows))
 }
 
 /// A transaction a message asks about, as the handler reads it in its transaction.

@@ -257,6 +257,17 @@ impl RegistryCodec {
                 self.register::<TxConfirmed>(&t.tx_outcomes(), multi)
                     .await?,
             ),
+            // Copies for downstream: the submission and the receipt also go on tx.outcomes.
+            (
+                TxSubmitted::FULL_NAME.into(),
+                self.register::<TxSubmitted>(&t.tx_outcomes(), multi)
+                    .await?,
+            ),
+            (
+                TxReceiptUpdated::FULL_NAME.into(),
+                self.register::<TxReceiptUpdated>(&t.tx_outcomes(), multi)
+                    .await?,
+            ),
         ])
     }
 
@@ -309,6 +320,7 @@ mod tests {
             metadata: [("desk".to_string(), "otc".to_string())]
                 .into_iter()
                 .collect(),
+            depends_on_request_id: None,
         }
     }
 

@@ -74,6 +74,11 @@ pub struct Config {
     /// `confirmations.required` (`TXFLOW_CONFIRMATIONS_REQUIRED`, default 12): how many blocks,
     /// the transaction's own included, make it final (CONFIRMED, TxConfirmed).
     pub confirmations_required: u32,
+    /// `fees.max_fee_per_gas` (`TXFLOW_MAX_FEE_PER_GAS_WEI`, default 10^12 = 1,000 gwei): the most
+    /// txflow offers per gas (both EIP-1559 caps) for a transaction it prices on its own — today
+    /// the defensive cancellation after a deep reorg, whose fees are raised well above the
+    /// original's and the market's.
+    pub max_fee_per_gas_wei: u128,
 }
 
 impl std::fmt::Debug for Config {
@@ -116,6 +121,7 @@ impl std::fmt::Debug for Config {
             .field("receipt_workers", &self.receipt_workers)
             .field("stale_receipt_timeout_ms", &self.stale_receipt_timeout_ms)
             .field("confirmations_required", &self.confirmations_required)
+            .field("max_fee_per_gas_wei", &self.max_fee_per_gas_wei)
             .finish()
     }
 }
@@ -174,6 +180,10 @@ impl Classify for ConfigError {
     }
 }
 
+/// The default of `fees.max_fee_per_gas`: 1,000 gwei per gas (a 21,000-gas cancellation costs at
+/// most 0.021 ETH).
+pub const DEFAULT_MAX_FEE_PER_GAS_WEI: u128 = 1_000_000_000_000;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -200,6 +210,7 @@ impl Default for Config {
             receipt_workers: 10,
             stale_receipt_timeout_ms: 60_000,
             confirmations_required: 12,
+            max_fee_per_gas_wei: DEFAULT_MAX_FEE_PER_GAS_WEI,
         }
     }
 }
@@ -469,6 +480,18 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = lookup("TXFLOW_MAX_FEE_PER_GAS_WEI") {
+            c.max_fee_per_gas_wei = match v.parse::<u128>() {
+                Ok(n) if (1..=crate::chain::MAX_FEE_PER_GAS).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_MAX_FEE_PER_GAS_WEI",
+                        value: v,
+                        why: "expected wei per gas, a whole number between 1 and 10^18",
+                    });
+                }
+            };
+        }
         if let Some(v) = lookup("TXFLOW_SIGNER_KEYSTORE") {
             c.signer_keystore = Some(v.into());
         }
@@ -498,6 +521,22 @@ mod tests {
         assert_eq!(c.kafka.brokers, "b:1");
         assert_eq!(c.partitions, 4);
         assert_eq!(c.topics.tx_requests(), "t1.tx.requests");
+    }
+
+    #[test]
+    fn the_fee_cap_is_wei_per_gas_within_what_a_chain_can_ask() {
+        let cap = |v: &str| {
+            Config::from_lookup(|k| (k == "TXFLOW_MAX_FEE_PER_GAS_WEI").then(|| v.to_string()))
+                .map(|c| c.max_fee_per_gas_wei)
+        };
+        assert_eq!(
+            Config::default().max_fee_per_gas_wei,
+            DEFAULT_MAX_FEE_PER_GAS_WEI
+        );
+        assert_eq!(cap("50000000000"), Ok(50_000_000_000));
+        for bad in ["0", "-1", "1.5", "1000000000000000001", "lots"] {
+            assert!(cap(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

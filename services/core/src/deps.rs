@@ -9,7 +9,10 @@ use sqlx::PgPool;
 use crate::chain::ChainClient;
 use crate::codec::RegistryCodec;
 use crate::config::Config;
+use crate::domain::NodeId;
+use crate::lease::LeaseManager;
 use crate::role::RoleError;
+use crate::stage::{Handler, StageConfig, StageRuntime};
 
 /// Connections per stage runtime a process runs (a batch transaction, drives, the recovery scan).
 pub const CONNECTIONS_PER_STAGE: u32 = 8;
@@ -51,5 +54,26 @@ impl Deps {
     pub fn with_chain(mut self, chain: Arc<dyn ChainClient>) -> Deps {
         self.chain = chain;
         self
+    }
+
+    /// A stage's runtime on these clients: `handler` acting as `node` under its role's leases
+    /// (`config.lease`), with `config` (usually [`StageConfig::for_pipeline`], adjusted by the
+    /// stage). The wiring every stage's `lib.rs` shares; a role with two runtimes on one lease
+    /// manager (the allocator) builds them itself.
+    pub fn stage_runtime<H: Handler>(
+        &self,
+        handler: H,
+        node: NodeId,
+        config: StageConfig,
+    ) -> Result<StageRuntime<H>, RoleError> {
+        let leases = LeaseManager::new(self.pool.clone(), handler.role(), node, config.lease)?;
+        Ok(StageRuntime::new(
+            handler,
+            self.pool.clone(),
+            self.codec.clone(),
+            self.config.kafka.clone(),
+            leases,
+            config,
+        ))
     }
 }

@@ -83,14 +83,42 @@ impl Classify for RelayError {
     }
 }
 
-/// The output that announces `row` again, keyed by its signer, with its own `event_id`.
-pub fn output(topics: &Topics, key: &LeaseKey, row: &Unpublished) -> Result<Output, RelayError> {
-    fn typed<E: Event + 'static>(
-        row: &Unpublished,
-        topic: String,
-        subjects: Subjects,
-        key: String,
-    ) -> Result<Output, RelayError> {
+/// The outputs of a TxSubmitted: on `tx.submitted` for the receipt checker, and a copy (same
+/// `event_id`) on `tx.outcomes`, where downstream follows each transaction in order.
+pub fn submitted(topics: &Topics, key: String, e: TxSubmitted) -> Vec<Output> {
+    vec![
+        Output::new(
+            topics.tx_submitted(),
+            Subjects::TopicName,
+            key.clone(),
+            e.clone(),
+        ),
+        Output::new(topics.tx_outcomes(), Subjects::TopicRecordName, key, e),
+    ]
+}
+
+/// The outputs of a TxReceiptUpdated: on `tx.receipts` for the confirmation manager, and a copy
+/// (same `event_id`) on `tx.outcomes`.
+pub fn receipt(topics: &Topics, key: String, e: TxReceiptUpdated) -> Vec<Output> {
+    vec![
+        Output::new(
+            topics.tx_receipts(),
+            Subjects::TopicName,
+            key.clone(),
+            e.clone(),
+        ),
+        Output::new(topics.tx_outcomes(), Subjects::TopicRecordName, key, e),
+    ]
+}
+
+/// The outputs that announce `row` again, keyed by its signer, with its own `event_id`: one, or
+/// two for the events that also go on `tx.outcomes` ([`submitted`], [`receipt`]).
+pub fn outputs(
+    topics: &Topics,
+    key: &LeaseKey,
+    row: &Unpublished,
+) -> Result<Vec<Output>, RelayError> {
+    fn decode<E: Event>(row: &Unpublished) -> Result<E, RelayError> {
         let event: E =
             serde_json::from_value(row.payload.clone()).map_err(|source| RelayError::Payload {
                 event_id: row.event_id,
@@ -103,25 +131,59 @@ pub fn output(topics: &Topics, key: &LeaseKey, row: &Unpublished) -> Result<Outp
                 payload_id: event.event_id().to_string(),
             });
         }
-        Ok(Output::new(topic, subjects, key, event))
+        Ok(event)
     }
     let k = signer_key(key.chain_id.0, key.signer.as_str());
     match row.event_type.as_str() {
-        "TxAllocated" => typed::<TxAllocated>(row, topics.tx_allocated(), Subjects::TopicName, k),
-        "TxSigned" => typed::<TxSigned>(row, topics.tx_signed(), Subjects::TopicName, k),
-        "TxSubmitted" => typed::<TxSubmitted>(row, topics.tx_submitted(), Subjects::TopicName, k),
-        "TxFailed" => typed::<TxFailed>(row, topics.tx_outcomes(), Subjects::TopicRecordName, k),
-        // The audit rows of MINE and REVERT hold the TxReceiptUpdated they announce.
-        "TxMined" | "TxReverted" => {
-            typed::<TxReceiptUpdated>(row, topics.tx_receipts(), Subjects::TopicName, k)
+        "TxAllocated" => {
+            let e: TxAllocated = decode(row)?;
+            Ok(vec![Output::new(
+                topics.tx_allocated(),
+                Subjects::TopicName,
+                k,
+                e,
+            )])
         }
+        "TxSigned" => {
+            let e: TxSigned = decode(row)?;
+            Ok(vec![Output::new(
+                topics.tx_signed(),
+                Subjects::TopicName,
+                k,
+                e,
+            )])
+        }
+        "TxSubmitted" => Ok(submitted(topics, k, decode(row)?)),
+        "TxFailed" => {
+            let e: TxFailed = decode(row)?;
+            Ok(vec![Output::new(
+                topics.tx_outcomes(),
+                Subjects::TopicRecordName,
+                k,
+                e,
+            )])
+        }
+        // The audit rows of MINE and REVERT hold the TxReceiptUpdated they announce.
+        "TxMined" | "TxReverted" => Ok(receipt(topics, k, decode(row)?)),
         // The confirmation manager's list announcements; TxReorged (MINED → SUBMITTED) holds the
         // `new_fork = true` announcement of its empty list.
         "TxConfirmationsUpdated" | "TxReorged" => {
-            typed::<TxConfirmationsUpdated>(row, topics.tx_confirmations(), Subjects::TopicName, k)
+            let e: TxConfirmationsUpdated = decode(row)?;
+            Ok(vec![Output::new(
+                topics.tx_confirmations(),
+                Subjects::TopicName,
+                k,
+                e,
+            )])
         }
         "TxConfirmed" => {
-            typed::<TxConfirmed>(row, topics.tx_outcomes(), Subjects::TopicRecordName, k)
+            let e: TxConfirmed = decode(row)?;
+            Ok(vec![Output::new(
+                topics.tx_outcomes(),
+                Subjects::TopicRecordName,
+                k,
+                e,
+            )])
         }
         other => Err(RelayError::NotAnnounced {
             event_id: row.event_id,
@@ -202,6 +264,10 @@ mod tests {
     use crate::domain::{Role, Signer};
     use crate::events::TxSubmitted;
 
+    fn topics_of(out: &[Output]) -> Vec<String> {
+        out.iter().map(|o| o.topic.clone()).collect()
+    }
+
     fn key() -> LeaseKey {
         LeaseKey {
             role: Role::Broadcaster,
@@ -250,17 +316,23 @@ mod tests {
             payload: serde_json::to_value(&event).expect("json"),
         };
         let topics = Topics::new("t");
-        let out = output(&topics, &key(), &row).expect("relayed");
-        assert_eq!(out.topic, topics.tx_submitted());
-        assert_eq!(out.event_id, id.to_string());
-        assert_eq!(out.key, "31337:0x00000000000000000000000000000000000000aa");
+        let out = outputs(&topics, &key(), &row).expect("relayed");
+        assert_eq!(
+            topics_of(&out),
+            [topics.tx_submitted(), topics.tx_outcomes()],
+            "for the receipt checker, and a copy for downstream"
+        );
+        for o in &out {
+            assert_eq!(o.event_id, id.to_string());
+            assert_eq!(o.key, "31337:0x00000000000000000000000000000000000000aa");
+        }
 
         let other = Unpublished {
             event_id: Uuid::now_v7(),
             ..row.clone()
         };
         assert!(matches!(
-            output(&topics, &key(), &other),
+            outputs(&topics, &key(), &other),
             Err(RelayError::EventId { .. })
         ));
         let audit = Unpublished {
@@ -268,7 +340,7 @@ mod tests {
             ..row.clone()
         };
         assert!(matches!(
-            output(&topics, &key(), &audit),
+            outputs(&topics, &key(), &audit),
             Err(RelayError::NotAnnounced { .. })
         ));
         let garbage = Unpublished {
@@ -276,7 +348,7 @@ mod tests {
             ..row
         };
         assert!(matches!(
-            output(&topics, &key(), &garbage),
+            outputs(&topics, &key(), &garbage),
             Err(RelayError::Payload { .. })
         ));
     }
@@ -304,9 +376,9 @@ mod tests {
                 event_type: event_type.into(),
                 payload: serde_json::to_value(&list).expect("json"),
             };
-            let out = output(&topics, &key(), &row).expect("relayed");
-            assert_eq!(out.topic, topics.tx_confirmations(), "{event_type}");
-            assert_eq!(out.event_id, id.to_string());
+            let out = outputs(&topics, &key(), &row).expect("relayed");
+            assert_eq!(topics_of(&out), [topics.tx_confirmations()], "{event_type}");
+            assert_eq!(out[0].event_id, id.to_string());
         }
         let confirmed = TxConfirmed {
             event_id: id.to_string(),
@@ -328,13 +400,13 @@ mod tests {
             event_type: "TxConfirmed".into(),
             payload: serde_json::to_value(&confirmed).expect("json"),
         };
-        let out = output(&topics, &key(), &row).expect("relayed");
-        assert_eq!(out.topic, topics.tx_outcomes());
-        assert_eq!(out.event_id, id.to_string());
+        let out = outputs(&topics, &key(), &row).expect("relayed");
+        assert_eq!(topics_of(&out), [topics.tx_outcomes()]);
+        assert_eq!(out[0].event_id, id.to_string());
     }
 
     #[test]
-    fn mined_and_reverted_rows_become_their_receipt_update_on_the_receipts_topic() {
+    fn mined_and_reverted_rows_become_their_receipt_update_on_the_receipts_and_outcomes_topics() {
         let topics = Topics::new("t");
         for (event_type, status) in [
             ("TxMined", crate::events::ReceiptStatus::Mined),
@@ -361,10 +433,16 @@ mod tests {
                 event_type: event_type.into(),
                 payload: serde_json::to_value(&event).expect("json"),
             };
-            let out = output(&topics, &key(), &row).expect("relayed");
-            assert_eq!(out.topic, topics.tx_receipts(), "{event_type}");
-            assert_eq!(out.event_id, id.to_string());
-            assert_eq!(out.key, "31337:0x00000000000000000000000000000000000000aa");
+            let out = outputs(&topics, &key(), &row).expect("relayed");
+            assert_eq!(
+                topics_of(&out),
+                [topics.tx_receipts(), topics.tx_outcomes()],
+                "{event_type}"
+            );
+            for o in &out {
+                assert_eq!(o.event_id, id.to_string());
+                assert_eq!(o.key, "31337:0x00000000000000000000000000000000000000aa");
+            }
             // A receipt row that holds something else stays unpublished, reported.
             let submitted = Unpublished {
                 payload: serde_json::json!({"event_id": id.to_string(), "tx_id": "x"}),
@@ -372,7 +450,7 @@ mod tests {
             };
             assert!(
                 matches!(
-                    output(&topics, &key(), &submitted),
+                    outputs(&topics, &key(), &submitted),
                     Err(RelayError::Payload { .. })
                 ),
                 "{event_type}"

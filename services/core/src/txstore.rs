@@ -219,12 +219,7 @@ pub async fn create(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, Fen
                 .bind(ANNOUNCED)
         })
         .await?;
-    landed_or_fenced(
-        w,
-        "create",
-        out.into_iter().map(|(t,)| t.map(|t| (t, None))),
-    )
-    .map(|l| l.into_iter().map(|l| l.tx_id).collect())
+    ids_or_fenced(w, "create", out)
 }
 
 /// Applies `m` to `rows`: each row moves only if it is in one of `m.from` (and holds
@@ -339,6 +334,21 @@ pub async fn apply(
     landed_or_fenced(w, m.name, out.into_iter().map(|(t, n)| t.map(|t| (t, n))))
 }
 
+/// The ids a fenced statement of the sentinel shape returned (`SELECT tx_id FROM … UNION ALL
+/// SELECT NULL FROM fence_ok`: the rows it wrote, and a NULL row when the lease is current), or
+/// `Fenced` when the sentinel row is missing. A statement that wrote nothing under a current lease
+/// returns no ids, not an error.
+pub fn ids_or_fenced(
+    w: &Fenced<'_>,
+    operation: &'static str,
+    rows: Vec<(Option<Uuid>,)>,
+) -> Result<Vec<Uuid>, FenceError> {
+    if !rows.iter().any(|(id,)| id.is_none()) {
+        return Err(w.fenced(operation));
+    }
+    Ok(rows.into_iter().filter_map(|(id,)| id).collect())
+}
+
 /// The landed rows, or `Fenced` when the sentinel row of `fence_ok` is missing.
 fn landed_or_fenced(
     w: &Fenced<'_>,
@@ -417,10 +427,15 @@ pub async fn signers_in_states(
     .bind(names(states))
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
+    Ok(signer_keys(rows))
+}
+
+/// `(chain_id, signer)` rows as read from PostgreSQL, typed; a signer that is not an address
+/// (the table's CHECK keeps them out) is skipped.
+pub fn signer_keys(rows: Vec<(i64, String)>) -> Vec<(ChainId, Signer)> {
+    rows.into_iter()
         .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
-        .collect())
+        .collect()
 }
 
 /// A transaction row as the stages read it.

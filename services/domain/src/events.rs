@@ -95,6 +95,10 @@ pub struct TxRequest {
     pub max_priority_fee_per_gas: Option<String>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// A chained task (seed 000 §6): the `request_id` that must be CONFIRMED first. Added with
+    /// a `null` default, so messages of writers that predate it read as `None`.
+    #[serde(default)]
+    pub depends_on_request_id: Option<String>,
 }
 event!(TxRequest, "tx_request.avsc");
 

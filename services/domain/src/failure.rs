@@ -19,10 +19,13 @@ pub enum FailureCode {
     NoSigningKey,
     /// The node refuses the signed transaction for good.
     SendRejected,
+    /// The request it depends on (`depends_on_request_id`) failed: FAILED, or reverted on chain
+    /// and settled. The reason names that request.
+    DependencyFailed,
 }
 
 impl FailureCode {
-    pub const ALL: [FailureCode; 7] = [
+    pub const ALL: [FailureCode; 8] = [
         FailureCode::PolicyDenied,
         FailureCode::SimulationReverted,
         FailureCode::SimulationFailed,
@@ -30,6 +33,7 @@ impl FailureCode {
         FailureCode::SigningFailed,
         FailureCode::NoSigningKey,
         FailureCode::SendRejected,
+        FailureCode::DependencyFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +45,7 @@ impl FailureCode {
             FailureCode::SigningFailed => "SIGNING_FAILED",
             FailureCode::NoSigningKey => "NO_SIGNING_KEY",
             FailureCode::SendRejected => "SEND_REJECTED",
+            FailureCode::DependencyFailed => "DEPENDENCY_FAILED",
         }
     }
 }

@@ -6,7 +6,6 @@
 //! was produced): the lookups happen in [`Handler::drive`], outside any transaction, right after a
 //! batch commits and in the recovery scan, for the signer's SUBMITTED transactions that are due.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,17 +14,16 @@ use futures::StreamExt;
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use txflow_core::chain::{ChainClient, ChainError};
-use txflow_core::codec::Subjects;
 use txflow_core::domain::{ChainId, Signer};
 use txflow_core::events::{TxReceiptUpdated, TxReplaced, TxSubmitted};
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
-use txflow_core::lease::LeaseKey;
 use txflow_core::nonce_proof::{NonceFacts, NonceTooLow, nonce_too_low};
-use txflow_core::retry::{Classify, Retry};
+use txflow_core::retry::Classify;
 use txflow_core::role::Role;
+use txflow_core::stage::handler::{audit_json, db, route_signer, signer_address};
 use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
-use txflow_core::state::{MINE, Move, REPLACE};
+use txflow_core::state::{MINE, REPLACE};
 use txflow_core::txstore::MinedReceipt;
 use uuid::Uuid;
 
@@ -46,57 +44,6 @@ pub struct ReceiptStage {
     /// The pool of lookups (`confirmations.receipt_workers` permits), shared by every drive of
     /// this stage: at most that many transactions are being looked up at once.
     workers: Arc<Semaphore>,
-}
-
-/// Deterministic failures of the receipt checker: retrying would fail the same way.
-#[derive(Debug, thiserror::Error)]
-pub enum ReceiptError {
-    #[error("the signer {signer} is not an address")]
-    SignerAddress {
-        signer: String,
-        #[source]
-        source: <Address as FromStr>::Err,
-    },
-    #[error("encoding the {event} audit payload")]
-    Audit {
-        event: &'static str,
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-impl Classify for ReceiptError {
-    fn retry(&self) -> Retry {
-        match self {
-            ReceiptError::SignerAddress { .. } | ReceiptError::Audit { .. } => Retry::Permanent,
-        }
-    }
-}
-
-fn signer_address(key: &LeaseKey) -> Result<Address, ReceiptError> {
-    key.signer
-        .as_str()
-        .parse()
-        .map_err(|source| ReceiptError::SignerAddress {
-            signer: key.signer.as_str().to_string(),
-            source,
-        })
-}
-
-fn json<E: serde::Serialize>(m: Move, event: &E) -> Result<serde_json::Value, HandlerError> {
-    serde_json::to_value(event).map_err(|source| {
-        HandlerError::classified(
-            "audit",
-            ReceiptError::Audit {
-                event: m.event,
-                source,
-            },
-        )
-    })
-}
-
-fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> HandlerError {
-    move |e| HandlerError::transient(context, e)
 }
 
 fn millis(ms: Option<i64>) -> Option<Duration> {
@@ -143,9 +90,7 @@ impl Handler for ReceiptStage {
     }
 
     fn route(&self, s: &TxSubmitted) -> Result<(ChainId, Signer), Rejection> {
-        let signer = Signer::parse(&s.signer)
-            .map_err(|e| Rejection::new("INVALID_SIGNER", e.to_string()))?;
-        Ok((ChainId(s.chain_id), signer))
+        route_signer(s.chain_id, &s.signer)
     }
 
     /// Nothing to write: the submission was recorded before TxSubmitted was produced. The
@@ -219,10 +164,10 @@ impl Plan {
             row: Row {
                 tx_id,
                 event_id,
-                event: json(f.to, &f.event)?,
+                event: audit_json(f.to, &f.event)?,
             },
             receipt: MinedReceipt {
-                receipt: json(f.to, &f.stored)?,
+                receipt: audit_json(f.to, &f.stored)?,
                 block_number: f.stored.block_number,
                 block_hash: f.stored.block_hash.clone(),
             },
@@ -417,13 +362,14 @@ impl ReceiptStage {
         store::schedule(&mut w, &plan.schedules).await?;
         tx.commit().await?;
 
+        // On tx.receipts for the confirmation manager, and a copy on tx.outcomes for downstream.
         let skey = signer_key(key.chain_id.0, signer);
-        let topic = self.config.topics.tx_receipts();
+        let topics = &self.config.topics;
         Ok(plan
             .emits
             .into_iter()
             .filter(|(tx_id, _)| moved.contains(tx_id))
-            .map(|(_, e)| Output::new(topic.clone(), Subjects::TopicName, skey.clone(), e))
+            .flat_map(|(_, e)| txflow_core::outbox::receipt(topics, skey.clone(), e))
             .collect())
     }
 
@@ -475,7 +421,7 @@ impl ReceiptStage {
         Ok(Some(Row {
             tx_id: row.tx_id,
             event_id,
-            event: json(REPLACE, &event)?,
+            event: audit_json(REPLACE, &event)?,
         }))
     }
 }

@@ -37,12 +37,12 @@ pub mod store;
 use tokio_util::sync::CancellationToken;
 use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
-use txflow_core::lease::{LeaseConfig, LeaseManager};
-use txflow_core::role::{Role, RoleError};
+use txflow_core::lease::LeaseConfig;
+use txflow_core::role::RoleError;
 use txflow_core::stage::{StageConfig, StageRuntime};
 
 pub use config::ReceiptCheckerConfig;
-pub use handler::{ReceiptError, ReceiptStage};
+pub use handler::ReceiptStage;
 
 /// The receipt checker's stage runtime on `deps`.
 pub async fn runtime(
@@ -51,20 +51,12 @@ pub async fn runtime(
     lease: LeaseConfig,
 ) -> Result<StageRuntime<ReceiptStage>, RoleError> {
     let config = &deps.config;
-    let leases = LeaseManager::new(deps.pool.clone(), Role::ReceiptChecker, node, lease)?;
     let sc = StageConfig::for_pipeline(config, "receipt-checker", lease);
     let stage = ReceiptStage::new(
         ReceiptCheckerConfig::from_config(config),
         deps.chain.clone(),
     );
-    Ok(StageRuntime::new(
-        stage,
-        deps.pool.clone(),
-        deps.codec.clone(),
-        config.kafka.clone(),
-        leases,
-        sc,
-    ))
+    deps.stage_runtime(stage, node, sc)
 }
 
 /// Runs the role on `deps` until `shutdown`.

@@ -129,11 +129,7 @@ pub async fn end_resubmissions(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<()
     let out: Vec<(Option<Uuid>,)> = w
         .fetch_all("end resubmissions", &sql, |q| q.bind(tx_ids.to_vec()))
         .await?;
-    if out.iter().any(|(t,)| t.is_none()) {
-        Ok(())
-    } else {
-        Err(w.fenced("end resubmissions"))
-    }
+    txstore::ids_or_fenced(w, "end resubmissions", out).map(|_| ())
 }
 
 /// Schedules the next lookup of these SUBMITTED transactions (no state change) and sets or
@@ -177,11 +173,7 @@ pub async fn schedule(w: &mut Fenced<'_>, rows: &[Schedule]) -> Result<(), Fence
                 .bind(TxState::Submitted.as_str())
         })
         .await?;
-    if out.iter().any(|(t,)| t.is_none()) {
-        Ok(())
-    } else {
-        Err(w.fenced("schedule receipt checks"))
-    }
+    txstore::ids_or_fenced(w, "schedule receipt checks", out).map(|_| ())
 }
 
 /// The signer's SUBMITTED transactions due to be looked up (never looked up, or their back-off
@@ -226,8 +218,5 @@ pub async fn pending_signers(
     .bind(TxState::Submitted.as_str())
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|(c, s)| Signer::parse(&s).ok().map(|s| (ChainId(c), s)))
-        .collect())
+    Ok(txstore::signer_keys(rows))
 }

@@ -247,6 +247,146 @@ pub fn latest_signed(stored: impl IntoIterator<Item = TxSigned>) -> Option<TxSig
     stored.into_iter().max_by_key(|s| s.attempt)
 }
 
+// ---- The defensive cancellation (seed 000 §4.4) ----
+//
+// A reorg deeper than the required depth undid a final transaction (the confirmation manager set
+// `managed_tx.reorged_at`): its original may still sit in some node's pool and be mined at any
+// time. Before its outcome is rolled back, its nonce is made to go one way for sure: a 0-value
+// transfer to the signer itself at that nonce, priced well above the original, is signed here and
+// sent by the broadcaster. Whichever of the two is mined settles the nonce.
+
+/// The gas of a defensive cancellation: a plain transfer, no calldata.
+pub const CANCEL_GAS_LIMIT: u64 = 21_000;
+
+/// How much a cancellation raises the fees it is priced from: twice the original attempt's caps
+/// (well past the +10% a node asks to replace the original in its pool) and twice the market's.
+pub const CANCEL_FEE_FACTOR: u128 = 2;
+
+/// The least priority fee of a cancellation, 1 gwei: on a quiet chain the market's tip, and the
+/// original's, can be a few wei, which buys no priority at all.
+pub const MIN_CANCEL_TIP: u128 = 1_000_000_000;
+
+/// EIP-1559 fee caps, in wei per gas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    pub max_fee: u128,
+    pub tip: u128,
+}
+
+/// A transaction a reorg deeper than the required depth undid, as the recovery scan reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undone {
+    pub tx_id: Uuid,
+    pub state: TxState,
+    pub nonce: Option<i64>,
+    /// `managed_tx.reorged_at` is set: its outcome is being re-evaluated.
+    pub reorged: bool,
+    /// It has a block again: one of its own attempts was mined again, which consumed the nonce.
+    pub mined: bool,
+    /// A cancellation is recorded for its nonce already (the broadcaster sends it).
+    pub cancelled: bool,
+    /// Its deep-reorg generation (`managed_tx.reorg_generation`).
+    pub generation: i32,
+    /// The highest caps of its signed attempts; `None` when it has none.
+    pub original: Option<Caps>,
+}
+
+/// The nonce to sign a defensive cancellation for, if `t` needs one now: a final transaction
+/// (CONFIRMED, or REVERTED settled — a revert mined again on the new fork may succeed there) that
+/// a deep reorg undid and that is being re-evaluated, holding its nonce, not mined again, and with
+/// no cancellation recorded for that nonce yet.
+pub fn needs_cancellation(t: &Undone) -> Option<i64> {
+    let voidable = match t.state {
+        TxState::Confirmed | TxState::Reverted => true,
+        TxState::Received
+        | TxState::Simulated
+        | TxState::PendingApproval
+        | TxState::Allocated
+        | TxState::Signed
+        | TxState::Submitted
+        | TxState::Mined
+        | TxState::Replaced
+        | TxState::Failed => false,
+    };
+    if !voidable || !t.reorged || t.mined || t.cancelled {
+        return None;
+    }
+    t.nonce.filter(|n| *n >= 0)
+}
+
+/// The fees of a defensive cancellation and how they came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CancelFees {
+    pub caps: Caps,
+    /// `fees.max_fee_per_gas` lowered them.
+    pub capped: bool,
+    /// Both caps are at least the original's plus the 10% a node asks to replace a pending
+    /// transaction of the same nonce (geth's default price bump): a node that holds the original
+    /// takes the cancellation in its place. False only when the cap kept them lower.
+    pub replaces_original: bool,
+}
+
+/// `x` raised by a tenth, rounded up: the least replacement price of a pending transaction.
+fn bumped(x: u128) -> u128 {
+    x.saturating_add(x.div_ceil(10))
+}
+
+/// The caps of a defensive cancellation from the original attempt's highest caps and the market's
+/// (`eth_feeHistory`: a max fee of twice the base fee plus the tip), never above `cap`
+/// (`fees.max_fee_per_gas`): a tip of twice the larger of the two tips, at least
+/// [`MIN_CANCEL_TIP`]; a max fee of twice the larger max fee, and at least room for that tip on
+/// top of twice the market's base fee. `None` when neither is known (nothing to price it from).
+pub fn cancellation_fees(
+    original: Option<Caps>,
+    market: Option<Caps>,
+    cap: u128,
+) -> Option<CancelFees> {
+    if original.is_none() && market.is_none() {
+        return None;
+    }
+    let twice = |c: Option<Caps>, f: fn(&Caps) -> u128| {
+        c.map_or(0, |c| f(&c).saturating_mul(CANCEL_FEE_FACTOR))
+    };
+    let tip = twice(original, |c| c.tip)
+        .max(twice(market, |c| c.tip))
+        .max(MIN_CANCEL_TIP);
+    let headroom = market.map_or(0, |m| m.max_fee.saturating_sub(m.tip).saturating_add(tip));
+    let max_fee = twice(original, |c| c.max_fee)
+        .max(twice(market, |c| c.max_fee))
+        .max(headroom)
+        .max(tip);
+    let caps = Caps {
+        max_fee: max_fee.min(cap),
+        tip: tip.min(max_fee.min(cap)),
+    };
+    Some(CancelFees {
+        caps,
+        capped: caps.max_fee < max_fee || caps.tip < tip,
+        replaces_original: original
+            .is_none_or(|o| caps.max_fee >= bumped(o.max_fee) && caps.tip >= bumped(o.tip)),
+    })
+}
+
+/// The defensive cancellation of `nonce`: 0 wei from the signer to itself, no calldata,
+/// [`CANCEL_GAS_LIMIT`] gas, `caps`. `Err` names what is not valid.
+pub fn cancellation_tx(
+    chain_id: ChainId,
+    signer: &Signer,
+    nonce: i64,
+    caps: Caps,
+) -> Result<UnsignedTx, &'static str> {
+    Ok(UnsignedTx {
+        chain_id: u64::try_from(chain_id.0).map_err(|_| "chain id")?,
+        nonce: u64::try_from(nonce).map_err(|_| "nonce")?,
+        to: signer.as_str().parse::<Address>().map_err(|_| "signer")?,
+        value: U256::ZERO,
+        data: Bytes::new(),
+        gas_limit: CANCEL_GAS_LIMIT,
+        max_fee_per_gas: caps.max_fee,
+        max_priority_fee_per_gas: caps.tip,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -754,5 +894,219 @@ mod tests {
         assert_eq!(latest_signed(Vec::new()), None);
         let latest = latest_signed([signed(2), signed(3), signed(1)]).expect("one");
         assert_eq!(latest.event_id, "e3");
+    }
+}
+
+#[cfg(test)]
+mod cancellation_tests {
+    use super::*;
+
+    const SIGNER: &str = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8";
+    const GWEI: u128 = 1_000_000_000;
+
+    fn undone() -> Undone {
+        Undone {
+            tx_id: Uuid::nil(),
+            state: TxState::Confirmed,
+            nonce: Some(4),
+            reorged: true,
+            mined: false,
+            cancelled: false,
+            generation: 1,
+            original: Some(Caps {
+                max_fee: 3 * GWEI,
+                tip: GWEI,
+            }),
+        }
+    }
+
+    #[test]
+    fn only_a_final_transaction_undone_and_not_mined_again_needs_a_cancellation_once() {
+        type Case = (&'static str, Undone, Option<i64>);
+        let cases: Vec<Case> = vec![
+            ("confirmed, undone, re-evaluated", undone(), Some(4)),
+            (
+                "a settled revert: mined again on the new fork it may succeed",
+                Undone {
+                    state: TxState::Reverted,
+                    ..undone()
+                },
+                Some(4),
+            ),
+            (
+                "its own attempt mined again: the nonce is consumed by itself",
+                Undone {
+                    mined: true,
+                    ..undone()
+                },
+                None,
+            ),
+            (
+                "one recorded for its nonce already: the broadcaster sends that one",
+                Undone {
+                    cancelled: true,
+                    ..undone()
+                },
+                None,
+            ),
+            (
+                "not undone by a deep reorg",
+                Undone {
+                    reorged: false,
+                    ..undone()
+                },
+                None,
+            ),
+            (
+                "no nonce",
+                Undone {
+                    nonce: None,
+                    ..undone()
+                },
+                None,
+            ),
+            (
+                "a negative nonce",
+                Undone {
+                    nonce: Some(-1),
+                    ..undone()
+                },
+                None,
+            ),
+        ];
+        for (what, t, want) in cases {
+            assert_eq!(needs_cancellation(&t), want, "{what}");
+        }
+        // Undone back to SIMULATED, or any state but the two final ones: nothing to void.
+        for state in TxState::ALL {
+            let t = Undone { state, ..undone() };
+            let final_state = matches!(state, TxState::Confirmed | TxState::Reverted);
+            assert_eq!(needs_cancellation(&t).is_some(), final_state, "{state:?}");
+        }
+    }
+
+    #[test]
+    fn the_cancellation_doubles_the_higher_of_the_original_and_the_market_within_the_cap() {
+        let caps = |max_fee: u128, tip: u128| Caps { max_fee, tip };
+        let cap = 1_000 * GWEI;
+        type Case = (
+            &'static str,
+            Option<Caps>,
+            Option<Caps>,
+            u128,
+            Option<(Caps, bool, bool)>,
+        );
+        let cases: Vec<Case> = vec![
+            ("nothing to price it from", None, None, cap, None),
+            (
+                "twice the original's caps",
+                Some(caps(30 * GWEI, 2 * GWEI)),
+                Some(caps(10 * GWEI, GWEI)),
+                cap,
+                Some((caps(60 * GWEI, 4 * GWEI), false, true)),
+            ),
+            (
+                "twice the market's when it rose past the original",
+                Some(caps(3 * GWEI, GWEI)),
+                Some(caps(50 * GWEI, 5 * GWEI)),
+                cap,
+                Some((caps(100 * GWEI, 10 * GWEI), false, true)),
+            ),
+            (
+                "a tip of a few wei is raised to the floor, with room for it over the base fee",
+                Some(caps(2 * GWEI, 1)),
+                Some(caps(2 * GWEI + 1, 1)),
+                cap,
+                Some((caps(4 * GWEI + 2, GWEI), false, true)),
+            ),
+            (
+                "on a quiet chain the max fee leaves room for the floor tip over twice the base fee",
+                None,
+                Some(caps(3, 1)),
+                cap,
+                Some((caps(GWEI + 2, GWEI), false, true)),
+            ),
+            (
+                "without the market: the original's alone",
+                Some(caps(30 * GWEI, 2 * GWEI)),
+                None,
+                cap,
+                Some((caps(60 * GWEI, 4 * GWEI), false, true)),
+            ),
+            (
+                "without the original: the market's alone",
+                None,
+                Some(caps(10 * GWEI, 2 * GWEI)),
+                cap,
+                Some((caps(20 * GWEI, 4 * GWEI), false, true)),
+            ),
+            (
+                "capped but still a replacement",
+                Some(caps(30 * GWEI, 2 * GWEI)),
+                None,
+                40 * GWEI,
+                Some((caps(40 * GWEI, 4 * GWEI), true, true)),
+            ),
+            (
+                "capped below the replacement price of the original",
+                Some(caps(30 * GWEI, 2 * GWEI)),
+                None,
+                32 * GWEI,
+                Some((caps(32 * GWEI, 4 * GWEI), true, false)),
+            ),
+            (
+                "a cap below the tip lowers the tip too",
+                Some(caps(30 * GWEI, 20 * GWEI)),
+                None,
+                10 * GWEI,
+                Some((caps(10 * GWEI, 10 * GWEI), true, false)),
+            ),
+            (
+                "numbers near the top saturate instead of wrapping",
+                Some(caps(u128::MAX, u128::MAX / 2 + 1)),
+                None,
+                u128::MAX,
+                Some((caps(u128::MAX, u128::MAX), false, true)),
+            ),
+        ];
+        for (what, original, market, cap, want) in cases {
+            let got = cancellation_fees(original, market, cap)
+                .map(|f| (f.caps, f.capped, f.replaces_original));
+            assert_eq!(got, want, "{what}");
+            if let Some(f) = cancellation_fees(original, market, cap) {
+                assert!(
+                    f.caps.tip <= f.caps.max_fee && f.caps.max_fee <= cap,
+                    "{what}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_cancellation_is_a_zero_value_self_transfer_at_the_nonce() {
+        let signer = Signer::parse(SIGNER).expect("signer");
+        let fees = Caps {
+            max_fee: 9 * GWEI,
+            tip: 2 * GWEI,
+        };
+        let tx = cancellation_tx(ChainId(31337), &signer, 4, fees).expect("valid");
+        assert_eq!(tx.chain_id, 31337);
+        assert_eq!(tx.nonce, 4);
+        assert_eq!(format!("{:#x}", tx.to), SIGNER);
+        assert_eq!(tx.value, U256::ZERO);
+        assert!(tx.data.is_empty());
+        assert_eq!(tx.gas_limit, CANCEL_GAS_LIMIT);
+        assert_eq!(
+            (tx.max_fee_per_gas, tx.max_priority_fee_per_gas),
+            (9 * GWEI, 2 * GWEI)
+        );
+        assert_eq!(
+            cancellation_tx(ChainId(31337), &signer, -1, fees).err(),
+            Some("nonce")
+        );
+        assert_eq!(
+            cancellation_tx(ChainId(-5), &signer, 4, fees).err(),
+            Some("chain id")
+        );
     }
 }

@@ -18,8 +18,9 @@ use std::sync::{Arc, Mutex};
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use txflow_core::chain::{SignedTx, UnsignedTx};
+use txflow_core::chain::{ChainClient, SignedTx, UnsignedTx};
 use txflow_core::codec::Subjects;
+use txflow_core::config::DEFAULT_MAX_FEE_PER_GAS_WEI;
 use txflow_core::domain::{ChainId, Signer};
 use txflow_core::events::{TxAllocated, TxFailed, TxSigned};
 use txflow_core::failure::{FailureCode, truncate_reason};
@@ -49,19 +50,48 @@ type Asked = HashMap<(ChainId, Signer), HashMap<Uuid, TxRow>>;
 pub struct SignStage {
     pub config: SignerConfig,
     pub keys: Keys,
+    /// How the defensive cancellations after a deep reorg are priced.
+    cancellations: CancelPricing,
     /// What the drive right after a batch signs: the rows its messages asked for. A hint only:
     /// the drive decides again on each row and records only what PostgreSQL still holds as read,
     /// and the recovery scan signs every ALLOCATED row whatever is here.
     asked: Mutex<Asked>,
 }
 
+/// What prices a defensive cancellation besides the original attempt's caps: the market's fees
+/// (`eth_feeHistory`), when the stage has a chain to ask, and `fees.max_fee_per_gas`.
+struct CancelPricing {
+    chain: Option<Arc<dyn ChainClient>>,
+    max_fee_per_gas: u128,
+}
+
 impl SignStage {
+    /// A stage that prices the defensive cancellations from the original attempts alone, within
+    /// the default `fees.max_fee_per_gas` (see [`SignStage::with_cancellations`]).
     pub fn new(config: SignerConfig, keys: Keys) -> SignStage {
         SignStage {
             config,
             keys,
+            cancellations: CancelPricing {
+                chain: None,
+                max_fee_per_gas: DEFAULT_MAX_FEE_PER_GAS_WEI,
+            },
             asked: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Prices the defensive cancellations from the market's fees on `chain` too, within
+    /// `max_fee_per_gas` (`fees.max_fee_per_gas`).
+    pub fn with_cancellations(
+        mut self,
+        chain: Arc<dyn ChainClient>,
+        max_fee_per_gas: u128,
+    ) -> SignStage {
+        self.cancellations = CancelPricing {
+            chain: Some(chain),
+            max_fee_per_gas,
+        };
+        self
     }
 
     /// Hands rows to the signer's next drive.
@@ -94,6 +124,7 @@ impl std::fmt::Debug for SignStage {
         f.debug_struct("SignStage")
             .field("config", &self.config)
             .field("keys", &self.keys)
+            .field("max_fee_per_gas", &self.cancellations.max_fee_per_gas)
             .finish_non_exhaustive()
     }
 }
@@ -233,8 +264,23 @@ impl Handler for SignStage {
     ///
     /// Right after a batch only the asked rows: the rows the allocator committed next are on
     /// their way as events, and signing them ahead of their events would announce each twice.
+    ///
+    /// The recovery scan first signs the defensive cancellations the signer's transactions undone
+    /// by a deep reorg need (`cancel_undone`). A failure there is reported and tried
+    /// again by the next scan; it never keeps the ALLOCATED rows from being signed.
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
         let asked = self.take_asked(ctx.lease.key());
+        if ctx.recovery {
+            match self.cancel_undone(&ctx).await {
+                Ok(()) => {}
+                Err(e @ HandlerError::LeaseLost(_)) => return Err(e),
+                Err(e) => tracing::warn!(
+                    signer = %ctx.lease.key().signer,
+                    error = %chain(&e),
+                    "the defensive cancellations could not be signed or recorded: the next recovery scan tries again"
+                ),
+            }
+        }
         let rows = if ctx.recovery {
             store::allocated(ctx.pool, ctx.lease.key()).await?
         } else {
@@ -401,6 +447,174 @@ impl SignStage {
         }
         announced.sort_by_key(|(nonce, _)| *nonce);
         Ok(announced.into_iter().map(|(_, o)| o).collect())
+    }
+}
+
+/// The stable event name of a defensive cancellation signed and recorded (WARN).
+pub const CANCELLATION_SIGNED: &str = "reorg_cancellation_signed";
+
+/// The stable event name of the critical alert raised when a transaction undone by a deep reorg
+/// needs a defensive cancellation that cannot be signed (no key, nothing to price it from, the key
+/// refused): its original may still be mined.
+pub const CANCELLATION_UNSIGNED: &str = "reorg_cancellation_unsigned";
+
+impl SignStage {
+    /// The defensive cancellations of seed 000 §4.4, on the recovery scan: for each of the
+    /// signer's transactions that a reorg deeper than the required depth undid, that is not mined
+    /// again and whose nonce has none yet ([`decide::needs_cancellation`]), a 0-value transfer to
+    /// the signer at that nonce with a high priority fee ([`decide::cancellation_fees`]: twice the
+    /// original's caps or the market's, within `fees.max_fee_per_gas`), signed with no
+    /// transaction open, then recorded in one short fenced transaction (`tx_cancellations`) if the
+    /// transaction is still as read. The broadcaster sends it.
+    async fn cancel_undone(&self, ctx: &DriveCtx<'_>) -> Result<(), HandlerError> {
+        let lease_key = ctx.lease.key();
+        let rows = store::undone(ctx.pool, lease_key)
+            .await
+            .map_err(|e| HandlerError::transient("list undone transactions", e))?;
+        let mut todo = Vec::new();
+        for row in &rows {
+            match row.read() {
+                Some(t) => {
+                    if let Some(nonce) = decide::needs_cancellation(&t) {
+                        todo.push((t, nonce));
+                    }
+                }
+                None => tracing::error!(
+                    target: "txflow::alert",
+                    event = CANCELLATION_UNSIGNED,
+                    alert = true,
+                    signer = %lease_key.signer,
+                    tx_id = %row.tx_id,
+                    state = %row.state,
+                    "a transaction undone by a deep reorg cannot be read (its state or its fees): no defensive cancellation"
+                ),
+            }
+        }
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let unsigned = |t: &decide::Undone, nonce: i64, reason: &str| {
+            tracing::error!(
+                target: "txflow::alert",
+                event = CANCELLATION_UNSIGNED,
+                alert = true,
+                chain_id = lease_key.chain_id.0,
+                signer = %lease_key.signer,
+                tx_id = %t.tx_id,
+                nonce,
+                generation = t.generation,
+                reason,
+                "no defensive cancellation can be signed for a transaction undone by a deep reorg: its original may still be mined"
+            );
+        };
+        let Some(key) = self.keys.get(&lease_key.signer).cloned() else {
+            for (t, nonce) in &todo {
+                unsigned(t, *nonce, "no signing key for the signer");
+            }
+            return Ok(());
+        };
+        let market = match &self.cancellations.chain {
+            Some(node) => match node.fees().await {
+                Ok((max_fee, tip)) => Some(decide::Caps { max_fee, tip }),
+                Err(e) => {
+                    tracing::warn!(signer = %lease_key.signer, error = %chain(&e), "the market's fees are unknown: the cancellations are priced from the originals alone");
+                    None
+                }
+            },
+            None => None,
+        };
+
+        // Sign, with no transaction open.
+        let mut signed = Vec::new();
+        for (t, nonce) in todo {
+            let Some(fees) =
+                decide::cancellation_fees(t.original, market, self.cancellations.max_fee_per_gas)
+            else {
+                unsigned(
+                    &t,
+                    nonce,
+                    "neither the original's fees nor the market's are known",
+                );
+                continue;
+            };
+            let tx = match decide::cancellation_tx(
+                lease_key.chain_id,
+                &lease_key.signer,
+                nonce,
+                fees.caps,
+            ) {
+                Ok(tx) => tx,
+                Err(field) => {
+                    unsigned(
+                        &t,
+                        nonce,
+                        &format!("the cancellation's {field} is not valid"),
+                    );
+                    continue;
+                }
+            };
+            match key.sign(&tx).await {
+                Ok(s) => signed.push((t, nonce, fees, s)),
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(signer = %lease_key.signer, nonce, error = %chain(&e), "the signer is unavailable; the next recovery scan signs the cancellation");
+                }
+                Err(e) => unsigned(&t, nonce, &chain(&e)),
+            }
+        }
+        if signed.is_empty() {
+            return Ok(());
+        }
+
+        // Record, fenced.
+        let rows: Vec<store::Cancellation> = signed
+            .iter()
+            .map(|(t, nonce, fees, s)| store::Cancellation {
+                tx_id: t.tx_id,
+                generation: t.generation,
+                nonce: *nonce,
+                tx_hash: format!("{:#x}", s.hash),
+                raw_tx: s.raw.clone(),
+                caps: fees.caps,
+            })
+            .collect();
+        let mut tx = ctx.lease.begin(ctx.pool).await?;
+        let recorded = {
+            let mut w = tx.writer();
+            store::record_cancellations(&mut w, &rows).await?
+        };
+        if recorded.is_empty() {
+            tx.rollback().await?;
+            return Ok(());
+        }
+        tx.commit().await?;
+        for (t, nonce, fees, s) in signed.iter().filter(|(_, n, _, _)| recorded.contains(n)) {
+            tracing::warn!(
+                target: "txflow::reorg",
+                event = CANCELLATION_SIGNED,
+                chain_id = lease_key.chain_id.0,
+                signer = %lease_key.signer,
+                tx_id = %t.tx_id,
+                nonce,
+                generation = t.generation,
+                tx_hash = %format!("{:#x}", s.hash),
+                max_fee_per_gas = %fees.caps.max_fee,
+                max_priority_fee_per_gas = %fees.caps.tip,
+                capped = fees.capped,
+                replaces_original = fees.replaces_original,
+                "defensive cancellation signed for a transaction undone by a deep reorg: the broadcaster sends it"
+            );
+            if !fees.replaces_original {
+                tracing::warn!(
+                    target: "txflow::reorg",
+                    event = "reorg_cancellation_capped",
+                    signer = %lease_key.signer,
+                    tx_id = %t.tx_id,
+                    nonce,
+                    "fees.max_fee_per_gas keeps the cancellation below the replacement price of the original: a node holding the original keeps it"
+                );
+            }
+        }
+        Ok(())
     }
 }
 

@@ -18,6 +18,14 @@
 //! transaction of the signers this instance owns, so a TxAllocated that was never produced (a
 //! crash between the allocator's commit and its produce) or that the broker lost delays nothing.
 //!
+//! The defensive cancellation of seed 000 §4.4 is signed here too, since the keys are here: when a
+//! reorg deeper than the required depth undid a final transaction (the confirmation manager set
+//! its `reorged_at`), the recovery scan signs a 0-value transfer to the signer at its nonce with a
+//! high priority fee — twice the original attempt's caps or the market's (`eth_feeHistory`),
+//! within `fees.max_fee_per_gas` (`TXFLOW_MAX_FEE_PER_GAS_WEI`) — and records it in
+//! `tx_cancellations`, fenced; the broadcaster sends it. Logged as `reorg_cancellation_signed`;
+//! one that cannot be signed is the critical alert `reorg_cancellation_unsigned`.
+//!
 //! Not built yet: bumped attempts (issue #6).
 //!
 //! The files, as in every stage: `config` (settings), `handler` (route → load → decide → persist
@@ -37,8 +45,8 @@ pub use keys::{KeyError, Keys, SigningError, TxSigner};
 use tokio_util::sync::CancellationToken;
 use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
-use txflow_core::lease::{LeaseConfig, LeaseManager};
-use txflow_core::role::{Role, RoleError};
+use txflow_core::lease::LeaseConfig;
+use txflow_core::role::RoleError;
 use txflow_core::stage::{StageConfig, StageRuntime};
 
 /// The signer gateway's stage runtime on `deps`, with `keys`.
@@ -49,17 +57,10 @@ pub async fn runtime(
     lease: LeaseConfig,
 ) -> Result<StageRuntime<SignStage>, RoleError> {
     let config = &deps.config;
-    let leases = LeaseManager::new(deps.pool.clone(), Role::SignerGateway, node, lease)?;
     let sc = StageConfig::for_pipeline(config, "signer-gateway", lease);
-    let stage = SignStage::new(SignerConfig::from_config(config)?, keys);
-    Ok(StageRuntime::new(
-        stage,
-        deps.pool.clone(),
-        deps.codec.clone(),
-        config.kafka.clone(),
-        leases,
-        sc,
-    ))
+    let stage = SignStage::new(SignerConfig::from_config(config)?, keys)
+        .with_cancellations(deps.chain.clone(), config.max_fee_per_gas_wei);
+    deps.stage_runtime(stage, node, sc)
 }
 
 /// Runs the role on `deps` until `shutdown`, with the keys of its configuration.

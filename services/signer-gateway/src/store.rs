@@ -19,6 +19,8 @@ use txflow_core::state::{FAIL_ALLOCATED, Move, SIGN, TxState};
 use txflow_core::txstore::{self, MoveRow, ReadError, TxRow};
 use uuid::Uuid;
 
+use crate::decide::{Caps, Undone};
+
 /// The states the signer gateway drives: transactions waiting for a signature.
 pub const DRIVEN: [TxState; 1] = [TxState::Allocated];
 
@@ -260,10 +262,170 @@ pub async fn allocated(pool: &PgPool, key: &LeaseKey) -> Result<Vec<TxRow>, Stor
     Ok(txstore::rows_in_states(pool, key.chain_id, &key.signer, &DRIVEN, true, SCAN_LIMIT).await?)
 }
 
-/// Signers of `chain_id` with transactions waiting for a signature.
+/// Signers of `chain_id` with transactions waiting for a signature, or with a transaction a deep
+/// reorg undid whose nonce has no defensive cancellation yet.
 pub async fn pending_signers(
     pool: &PgPool,
     chain_id: ChainId,
 ) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-    txstore::signers_in_states(pool, chain_id, &DRIVEN).await
+    let mut signers = txstore::signers_in_states(pool, chain_id, &DRIVEN).await?;
+    let undone: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT DISTINCT m.chain_id, m.signer FROM managed_tx m
+         WHERE m.chain_id = $1 AND m.reorged_at IS NOT NULL AND m.mined_block_number IS NULL
+           AND m.state = ANY($2) AND m.nonce IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM tx_cancellations c WHERE c.chain_id = m.chain_id
+                           AND c.signer = m.signer AND c.nonce = m.nonce)",
+    )
+    .bind(chain_id.0)
+    .bind(txstore::names(&VOIDABLE))
+    .fetch_all(pool)
+    .await?;
+    for (chain_id, signer) in undone {
+        if let Ok(s) = Signer::parse(&signer) {
+            let key = (ChainId(chain_id), s);
+            if !signers.contains(&key) {
+                signers.push(key);
+            }
+        }
+    }
+    Ok(signers)
+}
+
+// ---- The defensive cancellation (seed 000 §4.4, migration 0009) ----
+
+/// The states of a final transaction whose nonce a defensive cancellation voids once a deep reorg
+/// undid it (`managed_tx.reorged_at`).
+pub const VOIDABLE: [TxState; 2] = [TxState::Confirmed, TxState::Reverted];
+
+/// How many undone transactions of a signer one recovery scan looks at, in nonce order.
+pub const UNDONE_LIMIT: i64 = 100;
+
+/// A transaction a deep reorg undid, as read for its cancellation.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct UndoneRow {
+    pub tx_id: Uuid,
+    /// `managed_tx.state`, as stored.
+    pub state: String,
+    pub nonce: Option<i64>,
+    pub reorg_generation: i32,
+    /// It has a receipt again (its own attempt mined again).
+    pub mined: bool,
+    /// A cancellation is recorded for its nonce.
+    pub cancelled: bool,
+    /// The highest caps of its attempts, decimal wei.
+    pub max_fee: Option<String>,
+    pub tip: Option<String>,
+}
+
+impl UndoneRow {
+    /// The row for the decision; `None` for a state or fees that do not parse (the caller reports
+    /// it).
+    pub fn read(&self) -> Option<Undone> {
+        let caps = match (self.max_fee.as_deref(), self.tip.as_deref()) {
+            (Some(max_fee), Some(tip)) => Some(Caps {
+                max_fee: max_fee.parse().ok()?,
+                tip: tip.parse().ok()?,
+            }),
+            _ => None,
+        };
+        Some(Undone {
+            tx_id: self.tx_id,
+            state: TxState::parse(&self.state).ok()?,
+            nonce: self.nonce,
+            reorged: true,
+            mined: self.mined,
+            cancelled: self.cancelled,
+            generation: self.reorg_generation,
+            original: caps,
+        })
+    }
+}
+
+/// The signer's transactions a deep reorg undid (`reorged_at` set), in nonce order, with whether
+/// their nonce has a cancellation and their attempts' highest caps; outside any transaction.
+pub async fn undone(pool: &PgPool, key: &LeaseKey) -> Result<Vec<UndoneRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT m.tx_id, m.state, m.nonce, m.reorg_generation,
+                m.mined_block_number IS NOT NULL AS mined,
+                EXISTS (SELECT 1 FROM tx_cancellations c WHERE c.chain_id = m.chain_id
+                        AND c.signer = m.signer AND c.nonce = m.nonce) AS cancelled,
+                a.max_fee::text AS max_fee, a.tip::text AS tip
+         FROM managed_tx m
+         LEFT JOIN LATERAL (SELECT max(max_fee_per_gas) AS max_fee,
+                                   max(max_priority_fee_per_gas) AS tip
+                            FROM tx_attempts WHERE tx_id = m.tx_id) a ON true
+         WHERE m.chain_id = $1 AND m.signer = $2 AND m.reorged_at IS NOT NULL
+         ORDER BY m.nonce LIMIT $3",
+    )
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(UNDONE_LIMIT)
+    .fetch_all(pool)
+    .await
+}
+
+/// A signed defensive cancellation to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cancellation {
+    /// The transaction whose nonce it voids, and its deep-reorg generation as read.
+    pub tx_id: Uuid,
+    pub generation: i32,
+    pub nonce: i64,
+    pub tx_hash: String,
+    pub raw_tx: Vec<u8>,
+    pub caps: Caps,
+}
+
+/// Records signed cancellations, fenced, in the caller's transaction: each only if its
+/// transaction is still as it was read (final, undone by a deep reorg, not mined again, at that
+/// nonce) and its nonce has none yet. Returns the nonces recorded; `Fenced` when the lease is not
+/// current.
+pub async fn record_cancellations(
+    w: &mut Fenced<'_>,
+    rows: &[Cancellation],
+) -> Result<HashSet<i64>, StoreError> {
+    if rows.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.tx_id).collect();
+    let generations: Vec<i32> = rows.iter().map(|r| r.generation).collect();
+    let nonces: Vec<i64> = rows.iter().map(|r| r.nonce).collect();
+    let hashes: Vec<&str> = rows.iter().map(|r| r.tx_hash.as_str()).collect();
+    let raws: Vec<&[u8]> = rows.iter().map(|r| r.raw_tx.as_slice()).collect();
+    let max_fees: Vec<String> = rows.iter().map(|r| r.caps.max_fee.to_string()).collect();
+    let tips: Vec<String> = rows.iter().map(|r| r.caps.tip.to_string()).collect();
+    let sql = format!(
+        "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
+         recorded AS (
+             INSERT INTO tx_cancellations (chain_id, signer, nonce, tx_id, reorg_generation, tx_hash,
+                                           raw_tx, max_fee_per_gas, max_priority_fee_per_gas,
+                                           fencing_token)
+             SELECT m.chain_id, m.signer, u.nonce, u.tx_id, u.generation, u.tx_hash, u.raw_tx,
+                    u.max_fee::numeric, u.tip::numeric, $5
+             FROM unnest($6::uuid[], $7::int[], $8::bigint[], $9::text[], $10::bytea[], $11::text[],
+                         $12::text[]) AS u(tx_id, generation, nonce, tx_hash, raw_tx, max_fee, tip)
+             JOIN managed_tx m ON m.tx_id = u.tx_id AND m.chain_id = $2 AND m.signer = $3
+                              AND m.nonce = u.nonce
+             WHERE m.state = ANY($13) AND m.reorged_at IS NOT NULL AND m.mined_block_number IS NULL
+               AND EXISTS (SELECT 1 FROM fence_ok)
+             ON CONFLICT (chain_id, signer, nonce) DO NOTHING
+             RETURNING nonce)
+         SELECT nonce FROM recorded UNION ALL SELECT NULL FROM fence_ok"
+    );
+    let out: Vec<(Option<i64>,)> = w
+        .fetch_all("record cancellations", &sql, |q| {
+            q.bind(ids)
+                .bind(generations)
+                .bind(nonces)
+                .bind(hashes)
+                .bind(raws)
+                .bind(max_fees)
+                .bind(tips)
+                .bind(txstore::names(&VOIDABLE))
+        })
+        .await?;
+    if !out.iter().any(|(n,)| n.is_none()) {
+        return Err(w.fenced("record cancellations").into());
+    }
+    Ok(out.into_iter().filter_map(|(n,)| n).collect())
 }

@@ -103,6 +103,7 @@ impl LocalPipeline {
             max_fee_per_gas: None,
             max_priority_fee_per_gas: None,
             metadata: Default::default(),
+            depends_on_request_id: None,
         }
     }
 

@@ -17,6 +17,7 @@ mod common;
 use std::time::Duration;
 
 use common::{StageProcess, expire_lease, lease};
+use txflow_core::events::TxRequest;
 use txflow_tests::pipeline::Pipeline;
 use txflow_tests::{unique, wait_until};
 use uuid::Uuid;
@@ -168,6 +169,76 @@ async fn spawn_contender(
     b
 }
 
+/// What differs between the two tests' openings.
+struct Duel {
+    role: &'static str,
+    /// The two processes' names (a lease's owner is `{name}/…`).
+    a: &'static str,
+    b: &'static str,
+    /// Where A freezes (`TXFLOW_PAUSE_AT`), and B, if anywhere.
+    a_pause: &'static str,
+    b_pause: Option<&'static str>,
+    /// A count that reaches n once A has done its work for n requests, and that work in words.
+    progress: &'static str,
+    work: &'static str,
+    /// The request ids' prefix.
+    prefix: &'static str,
+}
+
+/// Where the opening leaves a test: A frozen holding the lease, B waiting for it.
+struct Opened {
+    a: StageProcess,
+    b: StageProcess,
+    /// The requests sent before and while A is frozen: those from `unsent` on are not sent yet.
+    first: Vec<TxRequest>,
+    unsent: usize,
+    /// The requests sent after A is resumed.
+    second: Vec<TxRequest>,
+}
+
+/// The opening both tests share: A is spawned to freeze at `a_pause`; one request, handled by A,
+/// gives A the lease; then B acts for the same signer too and waits for the lease. Ten requests
+/// at a time, each chunk handled before the next, so that A runs one transaction after another
+/// until it freezes.
+async fn open(p: &Pipeline, d: &Duel) -> Opened {
+    let a = StageProcess::spawn_leased(p, d.role, d.a, &unique(d.a), Some(d.a_pause), LEASE);
+    let request = |i: usize| p.request(0, &format!("{}-{i}", d.prefix));
+    let first: Vec<_> = (0..FIRST).map(request).collect();
+    let second: Vec<_> = (FIRST..TOTAL).map(request).collect();
+    p.send(&first[0]).await;
+    wait_until(&format!("A {} the first request", d.work), LONG, || async {
+        p.count(d.progress).await >= 1
+    })
+    .await;
+    let b = spawn_contender(p, d.role, d.a, d.b, d.b_pause).await;
+    let mut sent = 1;
+    while a.state() != Some('T') {
+        if sent == FIRST {
+            panic!(
+                "A never paused at {} (is the fault-injection feature on?):\n{}",
+                d.a_pause,
+                a.log_tail()
+            );
+        }
+        let chunk = &first[sent..(sent + 10).min(FIRST)];
+        futures::future::join_all(chunk.iter().map(|r| p.send(r))).await;
+        sent += chunk.len();
+        wait_until(
+            &format!("A {} the chunk or freezes", d.work),
+            LONG,
+            || async { a.state() == Some('T') || p.count(d.progress).await >= sent as i64 },
+        )
+        .await;
+    }
+    Opened {
+        a,
+        b,
+        first,
+        unsent: sent,
+        second,
+    }
+}
+
 #[tokio::test]
 async fn only_the_current_lease_holder_signs_while_two_signer_gateways_act_for_one_signer() {
     let mut p = Pipeline::prepare(1, |_| {}).await;
@@ -178,47 +249,26 @@ async fn only_the_current_lease_holder_signs_while_two_signer_gateways_act_for_o
     // A freezes itself inside its fourth signing transaction: transactions signed, rows moved to
     // SIGNED and attempts written, not yet committed. (One request signs in at most two: its
     // message's and a recovery scan's.)
-    let a = StageProcess::spawn_leased(
+    let Opened {
+        a,
+        b,
+        first,
+        unsent,
+        second,
+    } = open(
         &p,
-        SIGNER_GATEWAY,
-        "sign-a",
-        &unique("sign-a"),
-        Some("signer.before_commit@4"),
-        LEASE,
-    );
-    let first: Vec<_> = (0..FIRST)
-        .map(|i| p.request(0, &format!("s-{i}")))
-        .collect();
-    let second: Vec<_> = (FIRST..TOTAL)
-        .map(|i| p.request(0, &format!("s-{i}")))
-        .collect();
-    // One request, signed by A, gives A the lease; then B acts for the same signer too and waits
-    // for the lease.
-    p.send(&first[0]).await;
-    wait_until("A signs the first request", LONG, || async {
-        p.count("SELECT count(*) FROM tx_attempts").await >= 1
-    })
+        &Duel {
+            role: SIGNER_GATEWAY,
+            a: "sign-a",
+            b: "sign-b",
+            a_pause: "signer.before_commit@4",
+            b_pause: None,
+            progress: "SELECT count(*) FROM tx_attempts",
+            work: "signs",
+            prefix: "s",
+        },
+    )
     .await;
-    let b = spawn_contender(&p, SIGNER_GATEWAY, "sign-a", "sign-b", None).await;
-    // Ten requests at a time, each chunk signed before the next is sent, so that A runs one
-    // signing transaction after another until it freezes.
-    let mut chunks = first[1..].chunks(10);
-    let mut sent = 1;
-    while a.state() != Some('T') {
-        let chunk = chunks.next().unwrap_or_else(|| {
-            panic!(
-                "A never paused at signer.before_commit@4 (is the fault-injection feature on?):\n{}",
-                a.log_tail()
-            )
-        });
-        futures::future::join_all(chunk.iter().map(|r| p.send(r))).await;
-        sent += chunk.len();
-        wait_until("A signs the chunk or freezes", LONG, || async {
-            a.state() == Some('T')
-                || p.count("SELECT count(*) FROM tx_attempts").await >= sent as i64
-        })
-        .await;
-    }
     let (owner, token_a) = lease(&p, SIGNER_GATEWAY).await.expect("the lease row");
     assert!(
         owner.starts_with("sign-a/"),
@@ -234,7 +284,7 @@ async fn only_the_current_lease_holder_signs_while_two_signer_gateways_act_for_o
     let committed_by_a = events_under(&p, SIGNER_EVENTS, token_a).await;
     assert!(committed_by_a > 0, "A signed before it froze");
     // The rest arrives while A is frozen.
-    for chunk in chunks {
+    for chunk in first[unsent..].chunks(10) {
         futures::future::join_all(chunk.iter().map(|r| p.send(r))).await;
     }
 
@@ -318,53 +368,29 @@ async fn only_the_current_lease_holder_records_sends_while_two_broadcasters_act_
     p.start_signer_gateway(&config).await;
 
     // A freezes itself after the sends of its fourth drive that sent anything, before recording
-    // them. (One request is sent by at most two: its message's and a recovery scan's.)
-    let a = StageProcess::spawn_leased(
-        &p,
-        BROADCASTER,
-        "bcast-a",
-        &unique("bcast-a"),
-        Some("stage.after_call@4"),
-        LEASE,
-    );
-    let first: Vec<_> = (0..FIRST)
-        .map(|i| p.request(0, &format!("b-{i}")))
-        .collect();
-    let second: Vec<_> = (FIRST..TOTAL)
-        .map(|i| p.request(0, &format!("b-{i}")))
-        .collect();
+    // them. (One request is sent by at most two: its message's and a recovery scan's.) B freezes
+    // as well, right after the sends of its first drive, before recording.
     let submitted = "SELECT count(*) FROM managed_tx WHERE state = 'SUBMITTED'";
-    // One request, sent by A, gives A the lease; then B acts for the same signer too and waits for
-    // the lease. B freezes as well, right after the sends of its first drive, before recording.
-    p.send(&first[0]).await;
-    wait_until("A records the first request's send", LONG, || async {
-        p.count(submitted).await >= 1
-    })
-    .await;
-    let b = spawn_contender(
+    let Opened {
+        a,
+        b,
+        first,
+        unsent,
+        second,
+    } = open(
         &p,
-        BROADCASTER,
-        "bcast-a",
-        "bcast-b",
-        Some("stage.after_call@1"),
+        &Duel {
+            role: BROADCASTER,
+            a: "bcast-a",
+            b: "bcast-b",
+            a_pause: "stage.after_call@4",
+            b_pause: Some("stage.after_call@1"),
+            progress: submitted,
+            work: "records the sends of",
+            prefix: "b",
+        },
     )
     .await;
-    let mut chunks = first[1..].chunks(10);
-    let mut sent = 1;
-    while a.state() != Some('T') {
-        let chunk = chunks.next().unwrap_or_else(|| {
-            panic!(
-                "A never paused at stage.after_call@4 (is the fault-injection feature on?):\n{}",
-                a.log_tail()
-            )
-        });
-        futures::future::join_all(chunk.iter().map(|r| p.send(r))).await;
-        sent += chunk.len();
-        wait_until("A records the chunk's sends or freezes", LONG, || async {
-            a.state() == Some('T') || p.count(submitted).await >= sent as i64
-        })
-        .await;
-    }
     let (owner, token_a) = lease(&p, BROADCASTER).await.expect("the lease row");
     assert!(
         owner.starts_with("bcast-a/"),
@@ -391,7 +417,7 @@ async fn only_the_current_lease_holder_records_sends_while_two_broadcasters_act_
     );
     let committed_by_a = events_under(&p, BROADCASTER_EVENTS, token_a).await;
     assert!(committed_by_a > 0, "A recorded sends before it froze");
-    for chunk in chunks {
+    for chunk in first[unsent..].chunks(10) {
         futures::future::join_all(chunk.iter().map(|r| p.send(r))).await;
     }
 

@@ -24,15 +24,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use alloy::consensus::Transaction as _;
-use alloy::eips::BlockNumberOrTag;
-use alloy::primitives::Address;
-use alloy::providers::Provider;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::{ClientConfig, ClientContext};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
-use txflow_tests::pipeline::Pipeline;
+use txflow_tests::pipeline::{Mined, Pipeline};
 use txflow_tests::{unique, wait_until};
 
 const LONG: Duration = Duration::from_secs(600);
@@ -425,42 +421,6 @@ impl Instance {
     }
 }
 
-/// One of our transactions as mined: its block and the block's timestamp.
-struct MinedAt {
-    signer: Address,
-    block: u64,
-    timestamp: u64,
-    marker: String,
-}
-
-async fn mined_with_blocks(p: &Pipeline) -> Vec<MinedAt> {
-    let provider = p.provider();
-    let ours: Vec<Address> = p.signers.iter().map(|s| s.address()).collect();
-    let latest = provider.get_block_number().await.expect("block number");
-    let mut mined = Vec::new();
-    for n in 0..=latest {
-        let block = provider
-            .get_block_by_number(BlockNumberOrTag::Number(n))
-            .full()
-            .await
-            .expect("block")
-            .expect("block exists");
-        let timestamp = block.header.timestamp;
-        for tx in block.transactions.into_transactions() {
-            let signer = tx.inner.signer();
-            if ours.contains(&signer) {
-                mined.push(MinedAt {
-                    signer,
-                    block: n,
-                    timestamp,
-                    marker: String::from_utf8_lossy(tx.input()).into_owned(),
-                });
-            }
-        }
-    }
-    mined
-}
-
 /// A pause in mining: between two consecutive blocks holding any of the transactions looked at.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Gap {
@@ -475,7 +435,7 @@ struct Gap {
 }
 
 /// The longest pause between consecutive blocks holding any of `mined`.
-fn longest_gap<'a>(mined: impl Iterator<Item = &'a MinedAt>) -> Gap {
+fn longest_gap<'a>(mined: impl Iterator<Item = &'a Mined>) -> Gap {
     let blocks: BTreeMap<u64, u64> = mined.map(|m| (m.block, m.timestamp)).collect();
     let mut longest = Gap::default();
     let mut prev: Option<(u64, u64)> = None;
@@ -600,14 +560,14 @@ async fn chaos_two_instances_per_role_with_a_random_kill_9_every_4_s_mines_every
         logs.extend(i.task.await.expect("an instance's task"));
     }
 
-    let mined = mined_with_blocks(&p).await;
-    let mut markers: BTreeMap<&str, usize> = BTreeMap::new();
+    let mined = p.mined().await;
+    let mut markers: BTreeMap<String, usize> = BTreeMap::new();
     for m in &mined {
-        *markers.entry(m.marker.as_str()).or_insert(0) += 1;
+        *markers.entry(m.marker()).or_insert(0) += 1;
     }
     for r in &requests {
         assert_eq!(
-            markers.get(format!("txflow:{}", r.request_id).as_str()),
+            markers.get(&format!("txflow:{}", r.request_id)),
             Some(&1),
             "{} has exactly one mined transaction",
             r.request_id

@@ -7,15 +7,18 @@
 
 use std::error::Error;
 use std::future::Future;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use alloy::primitives::Address;
 use sqlx::PgPool;
+use txflow_domain::state::Move;
 
 use crate::domain::{ChainId, Role, Signer};
 use crate::events::Event;
 use crate::fenced::{FenceError, Fenced};
-use crate::lease::HeldLease;
+use crate::lease::{HeldLease, LeaseKey};
 use crate::retry::{Classify, Retry};
 
 pub use crate::output::Output;
@@ -138,6 +141,73 @@ impl Classify for HandlerError {
             HandlerError::LeaseLost(_) | HandlerError::Retry { .. } => Retry::Transient,
         }
     }
+}
+
+/// Deterministic failures a stage meets in its own data: retrying would fail the same way.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("the signer {signer} is not an address")]
+    SignerAddress {
+        signer: String,
+        #[source]
+        source: <Address as FromStr>::Err,
+    },
+    #[error("encoding the {event} audit payload")]
+    Audit {
+        event: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl Classify for DataError {
+    fn retry(&self) -> Retry {
+        match self {
+            DataError::SignerAddress { .. } | DataError::Audit { .. } => Retry::Permanent,
+        }
+    }
+}
+
+/// The routing of a message that names its chain and signer: a signer that is not an address is
+/// rejected (`INVALID_SIGNER`).
+pub fn route_signer(chain_id: i64, signer: &str) -> Result<(ChainId, Signer), Rejection> {
+    let signer =
+        Signer::parse(signer).map_err(|e| Rejection::new("INVALID_SIGNER", e.to_string()))?;
+    Ok((ChainId(chain_id), signer))
+}
+
+/// The signer of `key` as an address, for the chain's questions about it.
+pub fn signer_address(key: &LeaseKey) -> Result<Address, DataError> {
+    key.signer
+        .as_str()
+        .parse()
+        .map_err(|source| DataError::SignerAddress {
+            signer: key.signer.as_str().to_string(),
+            source,
+        })
+}
+
+/// `event` as the payload of the audit row (`tx_events`) of move `m`; one that does not encode is
+/// a deterministic failure ([`DataError::Audit`]).
+pub fn audit_json<E: serde::Serialize>(
+    m: Move,
+    event: &E,
+) -> Result<serde_json::Value, HandlerError> {
+    serde_json::to_value(event).map_err(|source| {
+        HandlerError::classified(
+            "audit",
+            DataError::Audit {
+                event: m.event,
+                source,
+            },
+        )
+    })
+}
+
+/// For `map_err` on a query outside the fenced writes (a drive's reads): a transient failure,
+/// with what was being done.
+pub fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> HandlerError {
+    move |e| HandlerError::transient(context, e)
 }
 
 /// `e` and its sources, `": "`-separated.

@@ -47,23 +47,21 @@ impl<H: Handler> StageRuntime<H> {
                 .headers(headers);
             producer.send(record, Duration::from_secs(30))
         });
-        let mut ok = true;
-        let mut acked = Vec::with_capacity(encoded.len());
+        let mut results = Vec::with_capacity(encoded.len());
         for (result, (o, _, _)) in futures::future::join_all(sends)
             .await
             .into_iter()
             .zip(&encoded)
         {
-            match result {
-                Ok(_) => acked.extend(uuid::Uuid::parse_str(&o.event_id).ok()),
-                Err((e, _)) => {
-                    tracing::warn!(error = %e, topic = %o.topic, "could not produce an output");
-                    ok = false;
-                }
+            if let Err((e, _)) = &result {
+                tracing::warn!(error = %e, topic = %o.topic, "could not produce an output");
             }
+            results.push((o.event_id.as_str(), result.is_ok()));
         }
+        let ok = results.iter().all(|(_, acked)| *acked);
         // The outbox: what the broker acknowledged is not relayed again. A failed mark only
         // means a duplicate later, never a loss.
+        let acked = published(&results);
         if let Err(e) = crate::outbox::mark_published(&self.pool, &acked).await {
             tracing::warn!(error = %e, events = acked.len(), "could not mark events published; the recovery scan produces them again");
         }
@@ -155,6 +153,25 @@ pub fn child_traceparent(parent: Option<&str>) -> String {
     format!("00-{trace}-{span}-01")
 }
 
+/// The events to mark published from the broker's answers (`event_id`, acknowledged): an event
+/// produced on two topics (TxSubmitted and a receipt also go on `tx.outcomes`) only when every
+/// one of its outputs was acknowledged, so that the relay produces the missing copy again.
+fn published(results: &[(&str, bool)]) -> Vec<uuid::Uuid> {
+    let failed: std::collections::HashSet<&str> = results
+        .iter()
+        .filter(|(_, acked)| !acked)
+        .map(|(id, _)| *id)
+        .collect();
+    let mut ids: Vec<uuid::Uuid> = results
+        .iter()
+        .filter(|(id, acked)| *acked && !failed.contains(id))
+        .filter_map(|(id, _)| uuid::Uuid::parse_str(id).ok())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +184,22 @@ mod tests {
         assert_ne!(child, parent);
         let fresh = child_traceparent(Some("garbage"));
         assert_eq!(fresh.split('-').count(), 4);
+    }
+
+    #[test]
+    fn an_event_is_published_only_when_every_copy_was_acknowledged() {
+        let a = uuid::Uuid::now_v7().to_string();
+        let b = uuid::Uuid::now_v7().to_string();
+        let c = uuid::Uuid::now_v7().to_string();
+        let results = [
+            (a.as_str(), true),
+            (a.as_str(), true),
+            (b.as_str(), true),
+            (b.as_str(), false),
+            (c.as_str(), true),
+            ("not-a-uuid", true),
+        ];
+        let ids: Vec<String> = published(&results).iter().map(|u| u.to_string()).collect();
+        assert_eq!(ids, [a, c]);
     }
 }

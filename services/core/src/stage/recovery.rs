@@ -152,8 +152,8 @@ impl<H: Handler> StageRuntime<H> {
         }
         let mut outs = Vec::with_capacity(rows.len());
         for row in &rows {
-            match outbox::output(topics, lease.key(), row) {
-                Ok(o) => outs.push(o),
+            match outbox::outputs(topics, lease.key(), row) {
+                Ok(o) => outs.extend(o),
                 // Left unpublished, reported on every scan: an operator must look at it.
                 Err(e) => {
                     tracing::error!(error = ?e, tx_id = %row.tx_id, "an unpublished event cannot be relayed")
@@ -162,7 +162,7 @@ impl<H: Handler> StageRuntime<H> {
         }
         let all: Vec<(&Output, Option<&str>)> = outs.iter().map(|o| (o, None)).collect();
         let produced = self.produce(producer, &all).await;
-        tracing::info!(role = %self.handler.role(), signer = %lease.key().signer, events = outs.len(), produced, "relayed unpublished events");
+        tracing::info!(role = %self.handler.role(), signer = %lease.key().signer, events = rows.len(), outputs = outs.len(), produced, "relayed unpublished events");
     }
 
     async fn hold(&self, lease: &HeldLease, reason: &str) {
