@@ -2,7 +2,8 @@
 //!
 //! - `--scenario broker-hop`: one produce → consume hop through the configured broker with the
 //!   pipeline's client settings; reports the per-hop latency distribution and the rate achieved.
-//! - `--scenario pipeline` (default): requests through the real pipeline (issue #5).
+//! - `--scenario pipeline` (default): requests through the real pipeline (issue #5), until every
+//!   one is mined (`--until submitted`, the default) or CONFIRMED (`--until confirmed`).
 //! - `--scenario anvil`: the chain alone — the same transactions (same signers × requests, same
 //!   calldata markers) signed here and sent straight to the RPC endpoint, to put the pipeline's
 //!   figures next to what the chain takes without txflow.
@@ -15,6 +16,8 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use txflow_core::config::Config;
 use txflow_core::kafka::{delete_topics, ensure_topics};
+
+use crate::local::BlockNudge;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -44,6 +47,30 @@ pub struct BenchArgs {
     /// Give up waiting for the chain after this many seconds (pipeline).
     #[arg(long, default_value_t = 600)]
     deadline_secs: u64,
+    /// How far to follow the requests (pipeline).
+    #[arg(long, value_enum, default_value_t = Until::Submitted)]
+    until: Until,
+}
+
+/// Where the pipeline bench stops waiting. Either way `tx_per_s` is requests mined per second from
+/// the first send to the last one mined, so that figures stay comparable across `--until`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Until {
+    /// Every request SUBMITTED and its transaction mined (latencies: request → SUBMITTED).
+    #[value(alias = "mined")]
+    Submitted,
+    /// Then every one CONFIRMED, `TXFLOW_CONFIRMATIONS_REQUIRED` blocks deep (adds `confirmed`
+    /// and the request → CONFIRMED latencies).
+    Confirmed,
+}
+
+impl Until {
+    fn as_str(self) -> &'static str {
+        match self {
+            Until::Submitted => "submitted",
+            Until::Confirmed => "confirmed",
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,9 +239,11 @@ async fn broker_hop(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// N signers × M requests through allocator → signer gateway → broadcaster, each request with a
-/// unique marker in its calldata, until every one is mined (or the deadline passes).
+/// N signers × M requests through the pipeline's stages, each request with a unique marker in its
+/// calldata, until every one is mined — and with `--until confirmed` CONFIRMED — or the deadline
+/// passes.
 async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+    use alloy::providers::Provider;
     use std::collections::HashMap;
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     let mut config = config.clone();
@@ -222,11 +251,14 @@ async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         txflow_core::kafka::Topics::new(format!("{}.bench-{run}", config.topics.prefix));
     let (signers, txs) = (args.signers.max(1) as usize, args.txs.max(1) as usize);
     let total = signers * txs;
+    let until = args.until;
     eprintln!(
-        "bench: {signers} signer(s) x {txs} request(s) = {total}, topics {}.*",
+        "bench: {signers} signer(s) x {txs} request(s) = {total} until {}, topics {}.*",
+        until.as_str(),
         config.topics.prefix
     );
     let p = crate::local::LocalPipeline::start(config.clone(), signers).await?;
+    let pool = txflow_core::db::connect(&config.database_url, 2).await?;
 
     let bar = indicatif::ProgressBar::new(total as u64);
     bar.set_style(
@@ -235,8 +267,8 @@ async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    // Warm up: one request per signer, mined, so that group joins and first metadata lookups are
-    // not measured.
+    // Warm up: one request per signer, mined (and confirmed, when that is measured), so that
+    // group joins and first metadata lookups are not measured.
     bar.set_message("(warming up: one request per signer)");
     let warmups: Vec<_> = (0..signers)
         .map(|i| p.request(i, &format!("{run}-warmup-{i}"), crate::local::SINK, "1"))
@@ -244,13 +276,41 @@ async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     for r in futures::future::join_all(warmups.iter().map(|r| p.send(r))).await {
         r?;
     }
-    let warm_deadline = Instant::now() + Duration::from_secs(120);
+    let warm_for = Duration::from_secs(args.deadline_secs.min(120));
+    let warm_deadline = Instant::now() + warm_for;
     while p.mined().await? < signers as u64 {
         anyhow::ensure!(
             Instant::now() < warm_deadline,
-            "the warm-up requests were not mined within 120 s"
+            "the warm-up requests were not mined within {} s",
+            warm_for.as_secs()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut blocks = BlockNudge::new();
+    if until == Until::Confirmed {
+        let want = signers as u64;
+        let confirmed = wait_confirmed(
+            &p,
+            &pool,
+            (&run, Phase::Warmup, want),
+            warm_deadline,
+            &mut blocks,
+            None,
+        )
+        .await?;
+        if confirmed < want {
+            anyhow::bail!(
+                "{}",
+                not_confirmed(
+                    "warm-up request",
+                    want - confirmed,
+                    warm_for,
+                    p.provider.get_block_number().await?,
+                    config.confirmations_required,
+                    &blocks
+                )
+            );
+        }
     }
     let warm = signers as u64;
     let mut sent_at: HashMap<String, i64> = HashMap::with_capacity(total);
@@ -282,7 +342,36 @@ async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     bar.finish();
 
-    let markers = p.mined_markers().await?;
+    // Finality: after the last transaction the chain must go on making blocks for the
+    // confirmation manager to count (see `BlockNudge`).
+    let mut confirmed = None;
+    if until == Until::Confirmed {
+        let bar = indicatif::ProgressBar::new(total as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} confirmed {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_message(format!(
+            "({} confirmations each)",
+            config.confirmations_required
+        ));
+        let n = wait_confirmed(
+            &p,
+            &pool,
+            (&run, Phase::Measured, total as u64),
+            deadline,
+            &mut blocks,
+            Some(&bar),
+        )
+        .await?;
+        bar.finish();
+        confirmed = Some((n, started.elapsed()));
+    }
+
+    let view = p.chain_view().await?;
+    let markers = view.markers();
     let warmup = format!("txflow:{run}-warmup-");
     let ours: Vec<(&String, &usize)> = markers
         .iter()
@@ -291,63 +380,238 @@ async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     let distinct = ours.len();
     let duplicates: usize = ours.iter().map(|(_, c)| **c - 1).sum();
     let unmined = total - distinct.min(total);
-    let pool = txflow_core::db::connect(&config.database_url, 2).await?;
-    let submitted: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT m.request_id, (extract(epoch FROM e.created_at) * 1000)::bigint FROM managed_tx m
-         JOIN tx_events e ON e.tx_id = m.tx_id AND e.type = 'TxSubmitted'
-         WHERE m.request_id LIKE $1 AND m.request_id NOT LIKE '%-warmup-%'",
-    )
-    .bind(format!("{run}-%"))
-    .fetch_all(&pool)
-    .await?;
-    let mut lat: Vec<f64> = submitted
+    // Every nonce a signer used must carry one of the run's requests (warm-ups included).
+    let run_marker = crate::local::marker(&format!("{run}-"));
+    let nonce_gaps: u64 = view
+        .next_nonces
         .iter()
-        .filter_map(|(id, at)| sent_at.get(id).map(|s| (*at - *s).max(0) as f64))
-        .collect();
-    lat.sort_by(|a, b| a.total_cmp(b));
-    let pct = |q: f64| {
-        lat.get(((lat.len().max(1) - 1) as f64 * q).round() as usize)
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
+        .enumerate()
+        .map(|(i, next)| {
+            nonce_gaps(
+                *next,
+                view.txs
+                    .iter()
+                    .filter(|t| t.signer == i && t.input.starts_with(&run_marker))
+                    .map(|t| t.nonce),
+            )
+        })
+        .sum();
+    let submitted = event_times(&pool, &run, "TxSubmitted").await?;
+    let lat = latencies(&submitted, &sent_at);
     let tx_per_s = distinct as f64 / elapsed.as_secs_f64();
+    let confirm_lat = match confirmed {
+        Some(_) => latencies(&event_times(&pool, &run, "TxConfirmed").await?, &sent_at),
+        None => Vec::new(),
+    };
+    let head = p.provider.get_block_number().await?;
     p.stop().await?;
     delete_topics(&config.kafka, &config.topics.all()).await?;
 
     println!("requests   {total}");
     println!("mined      {distinct} (duplicates {duplicates}, unmined {unmined})");
+    println!("nonce gaps {nonce_gaps}");
     println!(
         "time       {:.1} s  ({tx_per_s:.0} tx/s)",
         elapsed.as_secs_f64()
     );
     println!(
         "request -> SUBMITTED  p50 {:.0} ms  p95 {:.0} ms  p99 {:.0} ms",
-        pct(0.5),
-        pct(0.95),
-        pct(0.99)
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.95),
+        percentile(&lat, 0.99)
     );
+    if let Some((n, in_time)) = confirmed {
+        println!(
+            "confirmed  {n} in {:.1} s ({} confirmations each; {} block(s) mined by the bench)",
+            in_time.as_secs_f64(),
+            config.confirmations_required,
+            blocks.mined
+        );
+        println!(
+            "request -> CONFIRMED  p50 {:.0} ms  p95 {:.0} ms  p99 {:.0} ms",
+            percentile(&confirm_lat, 0.5),
+            percentile(&confirm_lat, 0.95),
+            percentile(&confirm_lat, 0.99)
+        );
+    }
     if args.json {
-        let report = serde_json::json!({
+        let mut report = serde_json::json!({
             "scenario": "pipeline",
+            "until": until.as_str(),
             "signers": signers,
             "txs_per_signer": txs,
             "requests": total,
             "mined": distinct,
             "duplicates": duplicates,
             "unmined": unmined,
+            "nonce_gaps": nonce_gaps,
             "seconds": elapsed.as_secs_f64(),
             "tx_per_s": tx_per_s,
-            "p50_ms": pct(0.5),
-            "p95_ms": pct(0.95),
-            "p99_ms": pct(0.99),
+            "p50_ms": percentile(&lat, 0.5),
+            "p95_ms": percentile(&lat, 0.95),
+            "p99_ms": percentile(&lat, 0.99),
         });
+        if let (Some((n, in_time)), Some(fields)) = (confirmed, report.as_object_mut()) {
+            fields.insert("confirmed".into(), n.into());
+            fields.insert("confirm_seconds".into(), in_time.as_secs_f64().into());
+            fields.insert(
+                "confirmations_required".into(),
+                config.confirmations_required.into(),
+            );
+            fields.insert("blocks_mined_by_bench".into(), blocks.mined.into());
+            fields.insert(
+                "p50_confirm_ms".into(),
+                percentile(&confirm_lat, 0.5).into(),
+            );
+            fields.insert(
+                "p95_confirm_ms".into(),
+                percentile(&confirm_lat, 0.95).into(),
+            );
+            fields.insert(
+                "p99_confirm_ms".into(),
+                percentile(&confirm_lat, 0.99).into(),
+            );
+        }
         println!("{report}");
     }
     anyhow::ensure!(
         duplicates == 0,
         "{duplicates} duplicate transaction(s) were mined"
     );
+    if let Some((n, _)) = confirmed
+        && n < total as u64
+    {
+        anyhow::bail!(
+            "{}",
+            not_confirmed(
+                "request",
+                total as u64 - n,
+                Duration::from_secs(args.deadline_secs),
+                head,
+                config.confirmations_required,
+                &blocks
+            )
+        );
+    }
     Ok(())
+}
+
+/// Which of the run's requests a query counts: the warm-up ones or the measured ones.
+#[derive(Clone, Copy)]
+enum Phase {
+    Warmup,
+    Measured,
+}
+
+impl Phase {
+    /// The phase's request ids are `LIKE` the first pattern and `NOT LIKE` the second.
+    fn patterns(self, run: &str) -> (String, &'static str) {
+        match self {
+            Phase::Warmup => (format!("{run}-warmup-%"), ""),
+            Phase::Measured => (format!("{run}-%"), "%-warmup-%"),
+        }
+    }
+}
+
+/// When each measured request of the run first had an event of `event_type` recorded (ms since
+/// the epoch), by request id.
+async fn event_times(
+    pool: &sqlx::PgPool,
+    run: &str,
+    event_type: &str,
+) -> anyhow::Result<Vec<(String, i64)>> {
+    let (like, not_like) = Phase::Measured.patterns(run);
+    Ok(sqlx::query_as(
+        "SELECT m.request_id, (extract(epoch FROM min(e.created_at)) * 1000)::bigint
+         FROM managed_tx m JOIN tx_events e ON e.tx_id = m.tx_id AND e.type = $3
+         WHERE m.request_id LIKE $1 AND m.request_id NOT LIKE $2
+         GROUP BY m.request_id",
+    )
+    .bind(like)
+    .bind(not_like)
+    .bind(event_type)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Milliseconds from each request's send to `at`, sorted.
+fn latencies(at: &[(String, i64)], sent_at: &std::collections::HashMap<String, i64>) -> Vec<f64> {
+    let mut lat: Vec<f64> = at
+        .iter()
+        .filter_map(|(id, at)| sent_at.get(id).map(|s| (*at - *s).max(0) as f64))
+        .collect();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    lat
+}
+
+/// The `q` quantile of `sorted` (nearest rank); NaN (`null` in JSON) when it is empty.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted
+        .get(((sorted.len().max(1) - 1) as f64 * q).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
+/// Nonces a signer has used on chain (`0..next_nonce`, `next_nonce` being its transaction count)
+/// that no transaction in `ours` (the nonces of its mined transactions that carry one of the run's
+/// requests) holds. Each is a nonce that something else consumed — a no-op filling a released
+/// nonce, a cancellation, another sender with the key — and that a clean run never needs. A nonce
+/// of ours at or past `next_nonce` (read at another block) fills nothing below it: ignored.
+fn nonce_gaps(next_nonce: u64, ours: impl IntoIterator<Item = u64>) -> u64 {
+    let held: std::collections::BTreeSet<u64> =
+        ours.into_iter().filter(|n| *n < next_nonce).collect();
+    next_nonce - held.len() as u64
+}
+
+/// Waits until `want` requests of the run's `phase` are CONFIRMED or `deadline` passes, making
+/// blocks come if the chain stops; returns how many are CONFIRMED.
+async fn wait_confirmed(
+    p: &crate::local::LocalPipeline,
+    pool: &sqlx::PgPool,
+    (run, phase, want): (&str, Phase, u64),
+    deadline: Instant,
+    blocks: &mut BlockNudge,
+    bar: Option<&indicatif::ProgressBar>,
+) -> anyhow::Result<u64> {
+    let (like, not_like) = phase.patterns(run);
+    loop {
+        let confirmed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM managed_tx
+             WHERE request_id LIKE $1 AND request_id NOT LIKE $2 AND state = $3",
+        )
+        .bind(&like)
+        .bind(not_like)
+        .bind(txflow_core::state::TxState::Confirmed.as_str())
+        .fetch_one(pool)
+        .await?;
+        let confirmed = confirmed.max(0) as u64;
+        if let Some(bar) = bar {
+            bar.set_position(confirmed);
+        }
+        if confirmed >= want || Instant::now() >= deadline {
+            return Ok(confirmed);
+        }
+        blocks.tick(&p.provider).await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The error for requests not CONFIRMED by the deadline, with what to look at.
+fn not_confirmed(
+    what: &str,
+    missing: u64,
+    waited: Duration,
+    head: u64,
+    required: u32,
+    blocks: &BlockNudge,
+) -> String {
+    format!(
+        "{missing} {what}(s) not CONFIRMED within {} s (chain head at block {head}, \
+         {} block(s) mined by the bench; TXFLOW_CONFIRMATIONS_REQUIRED = {required}); \
+         see the receipt checker's and the confirmation manager's logs",
+        waited.as_secs(),
+        blocks.mined
+    )
 }
 
 /// The chain alone: N signers × M transactions like the pipeline's (1 wei to the sink with a
@@ -461,4 +725,44 @@ async fn anvil_raw(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         total as u64 - mined
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{nonce_gaps, percentile};
+
+    #[test]
+    fn nonce_gaps_count_the_nonces_no_request_of_the_run_holds() {
+        let cases: &[(&str, u64, &[u64], u64)] = &[
+            ("nothing sent", 0, &[], 0),
+            ("every nonce a request", 4, &[0, 1, 2, 3], 0),
+            ("in any order", 4, &[3, 0, 2, 1], 0),
+            ("a no-op filled nonce 2", 4, &[0, 1, 3], 1),
+            ("the highest nonce is not ours", 4, &[0, 1, 2], 1),
+            ("nothing of ours mined", 3, &[], 3),
+            ("two nonces lost", 6, &[0, 2, 4, 5], 2),
+            // A request mined twice is a duplicate, not a filled gap: its nonce counts once.
+            ("one nonce seen twice", 3, &[0, 1, 1, 2], 0),
+            // Past the chain's count: read at another block; it fills nothing below.
+            ("ours past the chain's count", 2, &[0, 1, 2, 3], 0),
+            ("ours past the count, a hole below", 3, &[0, 2, 5], 1),
+        ];
+        for (name, next, ours, want) in cases {
+            assert_eq!(
+                nonce_gaps(*next, ours.iter().copied()),
+                *want,
+                "{name}: next nonce {next}, ours {ours:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank_and_nan_when_empty() {
+        let lat = [10.0, 20.0, 30.0, 40.0, 50.0];
+        assert_eq!(percentile(&lat, 0.0), 10.0);
+        assert_eq!(percentile(&lat, 0.5), 30.0);
+        assert_eq!(percentile(&lat, 0.99), 50.0);
+        assert_eq!(percentile(&lat, 1.0), 50.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
 }

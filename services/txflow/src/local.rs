@@ -3,7 +3,7 @@
 //! against the configured PostgreSQL, broker, registry and chain.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use alloy::consensus::Transaction as _;
 use alloy::eips::BlockNumberOrTag;
@@ -11,6 +11,7 @@ use alloy::primitives::{Address, U256};
 use alloy::providers::ext::AnvilApi;
 use alloy::providers::{DynProvider, Provider, ProviderBuilder};
 use alloy::signers::local::PrivateKeySigner;
+use anyhow::Context as _;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 use txflow_core::codec::{RegistryCodec, Subjects};
@@ -152,9 +153,17 @@ impl LocalPipeline {
 
     /// Mined transactions from our signers since the start, per calldata marker.
     pub async fn mined_markers(&self) -> anyhow::Result<BTreeMap<String, usize>> {
+        Ok(self.chain_view().await?.markers())
+    }
+
+    /// What the chain holds from our signers: every transaction mined since the start (the keys
+    /// are fresh, so that is all of them) and each signer's nonce as of the last block read.
+    /// The nonces are read at that block, not at the head, so that every transaction they count
+    /// is in `txs`.
+    pub async fn chain_view(&self) -> anyhow::Result<ChainView> {
         let ours: Vec<Address> = self.signers.iter().map(|s| s.address()).collect();
         let latest = self.provider.get_block_number().await?;
-        let mut markers = BTreeMap::new();
+        let mut txs = Vec::new();
         for n in self.start_block..=latest {
             let Some(block) = self
                 .provider
@@ -165,14 +174,25 @@ impl LocalPipeline {
                 continue;
             };
             for tx in block.transactions.into_transactions() {
-                if ours.contains(&tx.inner.signer()) {
-                    *markers
-                        .entry(String::from_utf8_lossy(tx.input()).into_owned())
-                        .or_insert(0) += 1;
+                if let Some(signer) = ours.iter().position(|a| *a == tx.inner.signer()) {
+                    txs.push(MinedTx {
+                        signer,
+                        nonce: tx.nonce(),
+                        input: tx.input().to_vec(),
+                    });
                 }
             }
         }
-        Ok(markers)
+        let mut next_nonces = Vec::with_capacity(ours.len());
+        for a in &ours {
+            next_nonces.push(
+                self.provider
+                    .get_transaction_count(*a)
+                    .number(latest)
+                    .await?,
+            );
+        }
+        Ok(ChainView { txs, next_nonces })
     }
 
     pub async fn stop(self) -> anyhow::Result<()> {
@@ -181,6 +201,81 @@ impl LocalPipeline {
             t.await??;
         }
         Ok(())
+    }
+}
+
+/// Blocks for the confirmation manager to count, while `bench` or `demo` waits for CONFIRMED.
+/// anvil with `--block-time` (deploy/local, the test harness) makes them on its own; plain
+/// automine makes one per transaction and none after the last, so that a run would wait for
+/// confirmations until its deadline. A head that has not moved for [`BlockNudge::STALL`] gets one
+/// block mined here (`anvil_mine`; the local pipeline needs anvil anyway, to fund its keys):
+/// never while the chain mines on its own.
+pub struct BlockNudge {
+    head: Option<u64>,
+    moved_at: Instant,
+    /// Blocks mined here.
+    pub mined: u64,
+}
+
+impl BlockNudge {
+    const STALL: Duration = Duration::from_secs(1);
+
+    pub fn new() -> BlockNudge {
+        BlockNudge {
+            head: None,
+            moved_at: Instant::now(),
+            mined: 0,
+        }
+    }
+
+    /// Reads the head; mines a block if it has not moved for [`BlockNudge::STALL`].
+    pub async fn tick(&mut self, provider: &DynProvider) -> anyhow::Result<()> {
+        let head = provider.get_block_number().await?;
+        if self.head != Some(head) {
+            self.head = Some(head);
+            self.moved_at = Instant::now();
+        } else if self.moved_at.elapsed() >= Self::STALL {
+            provider
+                .anvil_mine(Some(1), None)
+                .await
+                .with_context(|| {
+                    format!(
+                        "the chain made no block for {} s and anvil_mine failed (bench and demo need anvil)",
+                        Self::STALL.as_secs()
+                    )
+                })?;
+            self.mined += 1;
+            self.moved_at = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+/// One mined transaction of one of the pipeline's signers.
+pub struct MinedTx {
+    /// The signer's index in [`LocalPipeline::signers`].
+    pub signer: usize,
+    pub nonce: u64,
+    pub input: Vec<u8>,
+}
+
+/// The pipeline's signers as the chain saw them up to one block ([`LocalPipeline::chain_view`]).
+pub struct ChainView {
+    pub txs: Vec<MinedTx>,
+    /// Per signer (by index): its transaction count at that block, the next nonce it would use.
+    pub next_nonces: Vec<u64>,
+}
+
+impl ChainView {
+    /// Mined transactions per calldata marker (a count above 1 is a request mined twice).
+    pub fn markers(&self) -> BTreeMap<String, usize> {
+        let mut markers = BTreeMap::new();
+        for tx in &self.txs {
+            *markers
+                .entry(String::from_utf8_lossy(&tx.input).into_owned())
+                .or_insert(0) += 1;
+        }
+        markers
     }
 }
 

@@ -211,6 +211,168 @@ async fn the_demo_runs_end_to_end_and_reports_every_signer() {
     assert!(stdout.contains("confirmed ("), "{stdout}");
 }
 
+/// `txflow bench` against this test's database and `anvil`, with `env` on top; returns the exit
+/// status, stdout and stderr.
+async fn bench(
+    db: &TestDb,
+    anvil: &txflow_tests::AnvilNode,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> (std::process::ExitStatus, String, String) {
+    let services = txflow_tests::services();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_txflow"))
+        .arg("bench")
+        .args(args)
+        .env("TXFLOW_DATABASE_URL", &db.url)
+        .env("TXFLOW_BROKERS", &services.brokers)
+        .env("TXFLOW_SCHEMA_REGISTRY_URL", &services.registry_url)
+        .env("TXFLOW_RPC_URLS", &anvil.url)
+        .env("TXFLOW_TOPIC_PREFIX", txflow_tests::unique("bench"))
+        .env("TXFLOW_PARTITIONS", "4")
+        .env("TXFLOW_LOG", "warn")
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .expect("run txflow bench");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The bench's `--json` report: its last line.
+fn report(stdout: &str) -> serde_json::Value {
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}):\n{stdout}"))
+}
+
+fn number(report: &serde_json::Value, field: &str) -> f64 {
+    report[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{field} is not a number in {report}"))
+}
+
+/// `--until confirmed` follows every request to CONFIRMED and reports it from PostgreSQL and the
+/// chain: every request confirmed once, no nonce a request does not hold, and request → CONFIRMED
+/// no shorter than request → SUBMITTED.
+#[tokio::test]
+async fn bench_until_confirmed_reports_every_request_confirmed_and_no_nonce_gap() {
+    let db = TestDb::empty().await;
+    let anvil = txflow_tests::AnvilNode::spawn().await;
+    let (status, stdout, stderr) = bench(
+        &db,
+        &anvil,
+        &[],
+        &[
+            "--signers",
+            "2",
+            "--txs",
+            "10",
+            "--until",
+            "confirmed",
+            "--json",
+        ],
+    )
+    .await;
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let r = report(&stdout);
+    assert_eq!(r["until"], "confirmed", "{r}");
+    assert_eq!(r["requests"], 20, "{r}");
+    assert_eq!(r["mined"], 20, "{r}");
+    assert_eq!(r["confirmed"], 20, "{r}");
+    assert_eq!(r["duplicates"], 0, "{r}");
+    assert_eq!(r["nonce_gaps"], 0, "{r}");
+    assert_eq!(r["confirmations_required"], 12, "{r}");
+    for (confirm, submit) in [("p50_confirm_ms", "p50_ms"), ("p99_confirm_ms", "p99_ms")] {
+        assert!(
+            number(&r, confirm) >= number(&r, submit),
+            "{confirm} below {submit}: {r}"
+        );
+    }
+    // Interval mining made the blocks: the bench had none to make.
+    assert_eq!(r["blocks_mined_by_bench"], 0, "{r}");
+    // What the report says, in PostgreSQL: the 20 requests and the 2 warm-ups CONFIRMED, each
+    // with one TxConfirmed.
+    let confirmed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count");
+    assert_eq!(confirmed, 22);
+    let announced: (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT tx_id) FROM tx_events WHERE type = 'TxConfirmed'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count");
+    assert_eq!(announced, (22, 22));
+}
+
+/// On a chain that mines only when a transaction comes (anvil's plain automine), no block follows
+/// the last one: the bench mines the blocks the confirmations need.
+#[tokio::test]
+async fn bench_until_confirmed_makes_blocks_when_the_chain_stops() {
+    let db = TestDb::empty().await;
+    let anvil = txflow_tests::AnvilNode::spawn_with(&[]).await;
+    let (status, stdout, stderr) = bench(
+        &db,
+        &anvil,
+        &[("TXFLOW_CONFIRMATIONS_REQUIRED", "3")],
+        &[
+            "--signers",
+            "1",
+            "--txs",
+            "5",
+            "--until",
+            "confirmed",
+            "--json",
+        ],
+    )
+    .await;
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let r = report(&stdout);
+    assert_eq!(r["confirmed"], 5, "{r}");
+    assert_eq!(r["nonce_gaps"], 0, "{r}");
+    assert!(number(&r, "blocks_mined_by_bench") >= 1.0, "{r}");
+}
+
+/// Confirmations that cannot come (more blocks than the deadline allows) end the bench at its
+/// deadline with an error that says what is missing and where to look.
+#[tokio::test]
+async fn bench_until_confirmed_gives_up_at_the_deadline_with_a_clear_error() {
+    let db = TestDb::empty().await;
+    let anvil = txflow_tests::AnvilNode::spawn().await;
+    let started = std::time::Instant::now();
+    let (status, stdout, stderr) = bench(
+        &db,
+        &anvil,
+        &[("TXFLOW_CONFIRMATIONS_REQUIRED", "10000")],
+        &[
+            "--signers",
+            "1",
+            "--txs",
+            "1",
+            "--until",
+            "confirmed",
+            "--deadline-secs",
+            "15",
+        ],
+    )
+    .await;
+    assert!(!status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("1 warm-up request(s) not CONFIRMED within 15 s")
+            && stderr.contains("TXFLOW_CONFIRMATIONS_REQUIRED = 10000"),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(120),
+        "the bench gave up after {:?}",
+        started.elapsed()
+    );
+}
+
 /// SIGTERM (what a supervisor sends) stops a role cleanly: it finishes its batch and releases its
 /// leases, so that another instance takes the signers over at once rather than after the lease.
 #[tokio::test]
