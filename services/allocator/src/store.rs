@@ -347,14 +347,15 @@ pub async fn rows_limited(
     txstore::rows_in_states(pool, key.chain_id, &key.signer, states, false, limit).await
 }
 
-/// Whether the signer has a REPLACED transaction (its cursor is behind the chain).
+/// Whether the signer has a REPLACED transaction (its cursor is behind the chain). The state is
+/// written out (`txstore::state_in`) so that the open-state index serves it whatever the plan.
 pub async fn has_replaced(pool: &PgPool, key: &LeaseKey) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND state = $3)",
-    )
+    sqlx::query_scalar(&format!(
+        "SELECT EXISTS (SELECT 1 FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND {})",
+        txstore::state_in("state", &[state::TxState::Replaced])
+    ))
     .bind(key.chain_id.0)
     .bind(key.signer.as_str())
-    .bind(state::TxState::Replaced.as_str())
     .fetch_one(pool)
     .await
 }

@@ -4,7 +4,8 @@
 //! State changes are the state machine's named moves through `txstore` (which writes the
 //! `tx_events` audit rows and, for FAILED, releases the nonce); this module adds only the
 //! attempts' bookkeeping (`tx_attempts.submitted_at`, `last_submit_at`, `next_resubmit_at`),
-//! fenced, in the same transaction. State names are bound from [`TxState`], never written here.
+//! fenced, in the same transaction. State names come from [`TxState`]: bound, or written out by
+//! `txstore::state_in` where a partial index must serve the query (migration 0010).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -201,15 +202,15 @@ pub async fn request_ids(
 
 /// The signer's SIGNED transactions in nonce order, each with its latest attempt.
 pub async fn signed_rows(pool: &PgPool, key: &LeaseKey) -> Result<Vec<SignedRow>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as(&format!(
         "SELECT m.tx_id, m.nonce, a.attempt, a.tx_hash, a.raw_tx FROM managed_tx m
          JOIN LATERAL (SELECT attempt, tx_hash, raw_tx FROM tx_attempts WHERE tx_id = m.tx_id
                        ORDER BY attempt DESC LIMIT 1) a ON true
-         WHERE m.chain_id = $1 AND m.signer = $2 AND m.state = $3 ORDER BY m.nonce",
-    )
+         WHERE m.chain_id = $1 AND m.signer = $2 AND {} ORDER BY m.nonce",
+        txstore::state_in("m.state", &[TxState::Signed])
+    ))
     .bind(key.chain_id.0)
     .bind(key.signer.as_str())
-    .bind(TxState::Signed.as_str())
     .fetch_all(pool)
     .await
 }
@@ -217,17 +218,17 @@ pub async fn signed_rows(pool: &PgPool, key: &LeaseKey) -> Result<Vec<SignedRow>
 /// The signer's SUBMITTED transactions whose latest attempt is due to be sent again, in nonce
 /// order, at most 500.
 pub async fn due_resubmissions(pool: &PgPool, key: &LeaseKey) -> Result<Vec<DueRow>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as(&format!(
         "SELECT m.tx_id, m.nonce, a.attempt, a.raw_tx FROM managed_tx m
          JOIN LATERAL (SELECT attempt, raw_tx, next_resubmit_at FROM tx_attempts WHERE tx_id = m.tx_id
                        ORDER BY attempt DESC LIMIT 1) a ON true
-         WHERE m.chain_id = $1 AND m.signer = $2 AND m.state = $3
+         WHERE m.chain_id = $1 AND m.signer = $2 AND {}
            AND a.next_resubmit_at <= now()
          ORDER BY m.nonce LIMIT 500",
-    )
+        txstore::state_in("m.state", &[TxState::Submitted])
+    ))
     .bind(key.chain_id.0)
     .bind(key.signer.as_str())
-    .bind(TxState::Submitted.as_str())
     .fetch_all(pool)
     .await
 }

@@ -6,7 +6,8 @@
 //! confirmation bookkeeping of migration 0007 (`confirmations`, `required_confirmations`,
 //! `confirmed_at`, `watch_until_block`, `reorged_at`, `reorg_generation`) and, after a reorg, the
 //! broadcaster's resubmission schedule of the latest attempt — fenced, in the same transaction.
-//! State names are bound from [`TxState`], never written here.
+//! State names come from [`TxState`]: bound, or written out by `txstore::state_in` where a
+//! partial index must serve the query (migration 0010).
 
 use sqlx::PgPool;
 use txflow_core::domain::{ChainId, Signer};
@@ -81,12 +82,12 @@ pub async fn followed(pool: &PgPool, key: &LeaseKey) -> Result<Vec<Followed>, sq
 
 /// The lowest nonce of the signer's transactions that hold one and are not mined yet.
 pub async fn lowest_unmined(pool: &PgPool, key: &LeaseKey) -> Result<Option<i64>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT min(nonce) FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND state = ANY($3)",
-    )
+    sqlx::query_scalar(&format!(
+        "SELECT min(nonce) FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND {}",
+        txstore::state_in("state", &UNMINED)
+    ))
     .bind(key.chain_id.0)
     .bind(key.signer.as_str())
-    .bind(txstore::names(&UNMINED))
     .fetch_one(pool)
     .await
 }

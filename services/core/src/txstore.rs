@@ -413,18 +413,46 @@ pub fn names(states: &[TxState]) -> Vec<&'static str> {
     states.iter().map(|s| s.as_str()).collect()
 }
 
-/// The signers of `chain_id` with transactions in any of `states`: what most stages' recovery
-/// scans look for.
+/// The open states: a transaction on its way to the chain, before a receipt. The predicate of
+/// the partial index `managed_tx_open_idx` (migration 0010), which every periodic query by state
+/// reads, so that its cost does not grow with the final rows (CONFIRMED, FAILED, settled
+/// REVERTED) that make up nearly all of `managed_tx` after a while. From a receipt on, the
+/// confirmation manager follows a transaction through `managed_tx_followed_idx` (0007).
+pub const OPEN: [TxState; 7] = [
+    TxState::Received,
+    TxState::Simulated,
+    TxState::PendingApproval,
+    TxState::Allocated,
+    TxState::Signed,
+    TxState::Submitted,
+    TxState::Replaced,
+];
+
+/// `{column} IN ('A', 'B')`: `states` written as SQL literals (from [`TxState::as_str`]), for a
+/// query that must read a partial index (`managed_tx_open_idx`, with states among [`OPEN`]).
+/// A bound parameter (`state = ANY($n)`) would not do: the generic plan of a prepared statement,
+/// which PostgreSQL may choose from the sixth execution on, cannot prove from an unknown value
+/// that the index's predicate holds, and reads the chain's every row instead.
+pub fn state_in(column: &str, states: &[TxState]) -> String {
+    if states.is_empty() {
+        return "false".to_string();
+    }
+    let names: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+    format!("{column} IN ({})", names.join(", "))
+}
+
+/// The signers of `chain_id` with transactions in any of `states` (among [`OPEN`]): what most
+/// stages' recovery scans look for.
 pub async fn signers_in_states(
     pool: &PgPool,
     chain_id: ChainId,
     states: &[TxState],
 ) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-    let rows: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT DISTINCT chain_id, signer FROM managed_tx WHERE chain_id = $1 AND state = ANY($2)",
-    )
+    let rows: Vec<(i64, String)> = sqlx::query_as(&format!(
+        "SELECT DISTINCT chain_id, signer FROM managed_tx WHERE chain_id = $1 AND {}",
+        state_in("state", states)
+    ))
     .bind(chain_id.0)
-    .bind(names(states))
     .fetch_all(pool)
     .await?;
     Ok(signer_keys(rows))
@@ -518,8 +546,8 @@ impl crate::retry::Classify for ReadError {
     }
 }
 
-/// The signer's transactions in `states`, oldest first (or in nonce order), outside any
-/// transaction: what a drive works on.
+/// The signer's transactions in `states` (among [`OPEN`]), oldest first (or in nonce order),
+/// outside any transaction: what a drive works on.
 pub async fn rows_in_states(
     pool: &PgPool,
     chain_id: ChainId,
@@ -535,11 +563,11 @@ pub async fn rows_in_states(
     };
     let raw: Vec<RawRow> = sqlx::query_as(&format!(
         "SELECT {ROW_COLUMNS} FROM managed_tx
-         WHERE chain_id = $1 AND signer = $2 AND state = ANY($3) ORDER BY {order} LIMIT $4"
+         WHERE chain_id = $1 AND signer = $2 AND {} ORDER BY {order} LIMIT $3",
+        state_in("state", states)
     ))
     .bind(chain_id.0)
     .bind(signer.as_str())
-    .bind(names(states))
     .bind(limit)
     .fetch_all(pool)
     .await
@@ -564,4 +592,18 @@ pub async fn lock_rows(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<Vec<TxRow>
         )
         .await?;
     Ok(raw.into_iter().map(typed).collect::<Result<_, _>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_are_written_as_the_literals_a_partial_index_predicate_matches() {
+        assert_eq!(
+            state_in("m.state", &[TxState::Signed, TxState::Submitted]),
+            "m.state IN ('SIGNED', 'SUBMITTED')"
+        );
+        assert_eq!(state_in("state", &[]), "false", "no state: no row");
+    }
 }

@@ -5,7 +5,8 @@
 //! receipt columns in the same statement ([`ReceiptWrite::Set`]), REPLACE clears them. This module
 //! adds only the schedule of the lookups (`next_receipt_check_at`, `receipt_stale_since`) and the
 //! end of the moved transactions' resubmissions (`tx_attempts.next_resubmit_at`), fenced, in the
-//! same transaction. State names are bound from [`TxState`], never written here.
+//! same transaction. State names come from [`TxState`]: bound, or written out by
+//! `txstore::state_in` where a partial index must serve the query (migration 0010).
 
 use std::time::Duration;
 
@@ -179,10 +180,10 @@ pub async fn schedule(w: &mut Fenced<'_>, rows: &[Schedule]) -> Result<(), Fence
 /// The signer's SUBMITTED transactions due to be looked up (never looked up, or their back-off
 /// over), in nonce order, at most [`DUE_LIMIT`].
 pub async fn due(pool: &PgPool, key: &LeaseKey) -> Result<Vec<DueRow>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as(&format!(
         "SELECT m.tx_id, m.nonce,
                 (SELECT count(*) FROM tx_events e
-                 WHERE e.tx_id = m.tx_id AND e.type = ANY($4)) AS receipts_before,
+                 WHERE e.tx_id = m.tx_id AND e.type = ANY($3)) AS receipts_before,
                 (extract(epoch FROM now() - m.updated_at) * 1000)::bigint AS since_move_ms,
                 (extract(epoch FROM now() - m.receipt_stale_since) * 1000)::bigint AS stale_ms,
                 a.attempts, a.hashes
@@ -190,13 +191,13 @@ pub async fn due(pool: &PgPool, key: &LeaseKey) -> Result<Vec<DueRow>, sqlx::Err
          JOIN LATERAL (SELECT array_agg(attempt ORDER BY attempt DESC) AS attempts,
                               array_agg(tx_hash ORDER BY attempt DESC) AS hashes
                        FROM tx_attempts WHERE tx_id = m.tx_id) a ON true
-         WHERE m.chain_id = $1 AND m.signer = $2 AND m.state = $3
+         WHERE m.chain_id = $1 AND m.signer = $2 AND {}
            AND (m.next_receipt_check_at IS NULL OR m.next_receipt_check_at <= now())
-         ORDER BY m.nonce LIMIT $5",
-    )
+         ORDER BY m.nonce LIMIT $4",
+        txstore::state_in("m.state", &[TxState::Submitted])
+    ))
     .bind(key.chain_id.0)
     .bind(key.signer.as_str())
-    .bind(TxState::Submitted.as_str())
     .bind([MINE.event, REVERT.event])
     .bind(DUE_LIMIT)
     .fetch_all(pool)
@@ -209,13 +210,13 @@ pub async fn pending_signers(
     pool: &PgPool,
     chain_id: ChainId,
 ) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-    let rows: Vec<(i64, String)> = sqlx::query_as(
+    let rows: Vec<(i64, String)> = sqlx::query_as(&format!(
         "SELECT DISTINCT chain_id, signer FROM managed_tx
-         WHERE chain_id = $1 AND state = $2
+         WHERE chain_id = $1 AND {}
            AND (next_receipt_check_at IS NULL OR next_receipt_check_at <= now())",
-    )
+        txstore::state_in("state", &[TxState::Submitted])
+    ))
     .bind(chain_id.0)
-    .bind(TxState::Submitted.as_str())
     .fetch_all(pool)
     .await?;
     Ok(txstore::signer_keys(rows))

@@ -1,4 +1,5 @@
-//! `txflow`: one subcommand per service role, plus `up`, `migrate`, `replay`, `bench` and `demo`.
+//! `txflow`: one subcommand per service role, plus `up`, `migrate`, `replay`, `bench`, `demo` and
+//! `signers`.
 //!
 //! Thin on purpose: it loads the configuration, starts logging and hands over to the crates.
 
@@ -7,6 +8,8 @@ mod bench_stage;
 mod demo;
 mod local;
 mod roles;
+mod signers;
+mod signers_store;
 mod up;
 
 use std::process::ExitCode;
@@ -76,6 +79,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Start everything, push a few hundred requests and show the outcomes.
     Demo,
+    /// Each signer at a glance (cursor, chain nonces, in flight, holds, leases; --json for one
+    /// object per signer), and `signers reset-nonce`, the operator's manual nonce reset.
+    Signers(signers::SignersArgs),
 }
 
 fn init_logging() {
@@ -149,6 +155,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay => anyhow::bail!("txflow replay is not implemented yet (no issue filed)"),
         Command::Bench(args) => bench::run(&config, args).await,
         Command::Demo => demo::run(&config).await,
+        Command::Signers(args) => signers::run(&config, args).await,
     }
 }
 
