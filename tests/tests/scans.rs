@@ -91,6 +91,7 @@ struct Live {
     undone: Uuid,
     cancelled: Uuid,
     unpublished: Uuid,
+    approval: Uuid,
 }
 
 async fn insert_tx(
@@ -173,7 +174,14 @@ async fn live_rows(pool: &PgPool) -> Live {
     .await;
     let simulated = insert_tx(pool, ALLOCATOR, "live-simulated", Simulated, None).await;
     let replaced = insert_tx(pool, ALLOCATOR, "live-replaced", Replaced, None).await;
-    insert_tx(pool, ALLOCATOR, "live-approval", PendingApproval, None).await;
+    // Waiting for approval for an hour: past the approval timeout the probes use.
+    let approval = insert_tx(pool, ALLOCATOR, "live-approval", PendingApproval, None).await;
+    exec(
+        pool,
+        "UPDATE managed_tx SET updated_at = now() - interval '1 hour' WHERE tx_id = $1",
+        approval,
+    )
+    .await;
     sqlx::query("INSERT INTO recycled_nonces (chain_id, signer, nonce) VALUES ($1, $2, 3)")
         .bind(CHAIN)
         .bind(signer(RECYCLED))
@@ -276,6 +284,7 @@ async fn live_rows(pool: &PgPool) -> Live {
         undone,
         cancelled,
         unpublished,
+        approval,
     }
 }
 
@@ -633,6 +642,34 @@ async fn probes(pool: &PgPool, notices: &Notices) -> Vec<Probe> {
     probe!(
         out,
         notices,
+        "allocator in_flight",
+        allocator::in_flight(pool, &key(Role::Allocator, BROADCASTER)),
+        |r: i64| vec![r.to_string()]
+    );
+    probe!(
+        out,
+        notices,
+        "allocator expired_approvals",
+        allocator::expired_approvals(pool, &a, std::time::Duration::from_secs(1)),
+        ids
+    );
+    probe!(
+        out,
+        notices,
+        "allocator signers_with_expired_approvals",
+        allocator::signers_with_expired_approvals(pool, chain, std::time::Duration::from_secs(1)),
+        signers
+    );
+    probe!(
+        out,
+        notices,
+        "allocator ready_signers",
+        allocator::ready_signers(pool, chain, 64),
+        signers
+    );
+    probe!(
+        out,
+        notices,
         "allocator released_nonces",
         allocator::released_nonces(pool, &key(Role::Allocator, RECYCLED)),
         |r: i64| vec![r.to_string()]
@@ -747,6 +784,11 @@ fn expected(live: &Live) -> Vec<(String, Vec<String>)> {
             ids([live.simulated, live.replaced]),
         ),
         ("allocator has_replaced", vec!["true".to_string()]),
+        // The broadcaster's signer: one SIGNED, one SUBMITTED.
+        ("allocator in_flight", vec!["2".to_string()]),
+        ("allocator expired_approvals", ids([live.approval])),
+        ("allocator signers_with_expired_approvals", s(&[ALLOCATOR])),
+        ("allocator ready_signers", s(&[ALLOCATOR])),
         ("allocator released_nonces", vec!["1".to_string()]),
         ("signer gateway allocated", ids([live.allocated])),
         ("signer gateway undone", ids([live.undone])),

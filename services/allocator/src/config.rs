@@ -16,6 +16,12 @@ pub struct AllocatorConfig {
     pub chain_id: ChainId,
     /// `nonce.state_timeout`: align the cursor with the chain's pending nonce when it is older.
     pub nonce_state_timeout: Duration,
+    /// `nonce.max_in_flight`: at most this many nonces of a signer allocated and not mined
+    /// (ALLOCATED, SIGNED, SUBMITTED); above it requests wait in SIMULATED without a nonce.
+    pub max_in_flight: u32,
+    /// `approval.timeout`: a transaction in PENDING_APPROVAL longer than this fails
+    /// (`APPROVAL_TIMEOUT`).
+    pub approval_timeout: Duration,
 }
 
 impl AllocatorConfig {
@@ -24,7 +30,9 @@ impl AllocatorConfig {
             topics: config.topics.clone(),
             policy: txflow_core::policy::from_config(config)?,
             chain_id: ChainId(config.chain_id),
-            nonce_state_timeout: Duration::from_secs(30),
+            nonce_state_timeout: Duration::from_millis(config.nonce_state_timeout_ms),
+            max_in_flight: config.max_in_flight,
+            approval_timeout: Duration::from_millis(config.approval_timeout_ms),
         })
     }
 }

@@ -554,6 +554,27 @@ pub fn allocation_count(rows: usize) -> Result<u32, OutOfRange> {
     u32::try_from(rows).map_err(|_| OutOfRange::Count(rows))
 }
 
+/// How many of `queued` transactions waiting for a nonce to allocate now, when `in_flight` of
+/// the signer's nonces are allocated and not mined yet (ALLOCATED, SIGNED, SUBMITTED) and at
+/// most `max_in_flight` may be (`nonce.max_in_flight`, seed 003's in-flight budget): the room
+/// left, never negative (a reorg can take `in_flight` above the budget: nothing is allocated
+/// until mining brings it back under), and at most [`MAX_ALLOCATIONS_PER_DRIVE`]. The others
+/// stay queued without a nonce; a later drive allocates them as mining frees the budget.
+pub fn within_budget(queued: usize, in_flight: i64, max_in_flight: u32) -> usize {
+    let room = i64::from(max_in_flight)
+        .saturating_sub(in_flight.max(0))
+        .clamp(0, MAX_ALLOCATIONS_PER_DRIVE);
+    queued.min(usize::try_from(room).unwrap_or(0))
+}
+
+/// The reason of an `APPROVAL_TIMEOUT` failure (seed 000 §4.1), naming the timeout.
+pub fn approval_timeout_reason(timeout: std::time::Duration) -> String {
+    format!(
+        "no operator approved or cancelled it within approval.timeout ({} ms)",
+        timeout.as_millis()
+    )
+}
+
 /// How many released nonces to fill with no-ops in one drive: the count read, never negative,
 /// at most [`MAX_NOOPS_PER_DRIVE`] (the rest in the next drive).
 pub fn noops_to_fill(released: i64) -> u32 {
@@ -1562,6 +1583,39 @@ mod tests {
             why.contains("\"hop-1\"") && why.ends_with("is MINED"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn the_in_flight_budget_caps_what_one_drive_allocates() {
+        type Case = (&'static str, usize, i64, u32, usize);
+        let cases: [Case; 9] = [
+            ("room for all", 10, 0, 64, 10),
+            ("the room left, not more", 200, 0, 16, 16),
+            ("part of the budget in flight", 200, 10, 16, 6),
+            ("at the budget: waits", 200, 16, 16, 0),
+            (
+                "above the budget (a reorg): waits, never negative",
+                5,
+                20,
+                16,
+                0,
+            ),
+            ("nothing queued", 0, 0, 16, 0),
+            ("a corrupt negative count counts as none", 3, -5, 2, 2),
+            ("one nonce", 3, 0, 1, 1),
+            (
+                "never more than a drive allocates",
+                usize::MAX,
+                0,
+                u32::MAX,
+                MAX_ALLOCATIONS_PER_DRIVE as usize,
+            ),
+        ];
+        for (name, queued, in_flight, max, want) in cases {
+            assert_eq!(within_budget(queued, in_flight, max), want, "{name}");
+        }
+        // Budget freed by mining: the next drive allocates exactly what was freed.
+        assert_eq!(within_budget(184, 16 - 5, 16), 5);
     }
 
     #[test]

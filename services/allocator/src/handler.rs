@@ -266,12 +266,41 @@ impl Handler for RequestStage {
         Ok(results.into_iter().flatten().collect())
     }
 
+    /// Signers with transactions to simulate or allocate (among them those waiting for the
+    /// in-flight budget; `ready_signers` drives those sooner once it has room), released
+    /// nonces, and approvals past `approval.timeout`.
     async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-        store::pending_signers(pool, self.config.chain_id).await
+        let mut signers = store::pending_signers(pool, self.config.chain_id).await?;
+        let expired = store::signers_with_expired_approvals(
+            pool,
+            self.config.chain_id,
+            self.config.approval_timeout,
+        )
+        .await?;
+        for key in expired {
+            if !signers.contains(&key) {
+                signers.push(key);
+            }
+        }
+        Ok(signers)
+    }
+
+    /// Signers with requests waiting for the in-flight budget and room in it again: driven about
+    /// every second, so that what mining freed is allocated without waiting for the scan.
+    async fn ready_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+        store::ready_signers(pool, self.config.chain_id, self.config.max_in_flight).await
     }
 
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
-        let mut outputs = self.simulate(&ctx).await?;
+        // Approvals expire on the recovery scan's drives (which `pending_signers` extends to the
+        // signers with one due): a day's deadline needs no more precision than the scan
+        // interval, and the drives after each batch stay free of the read.
+        let mut outputs = if ctx.recovery {
+            self.expire_approvals(&ctx).await?
+        } else {
+            Vec::new()
+        };
+        outputs.extend(self.simulate(&ctx).await?);
         outputs.extend(self.allocate(&ctx).await?);
         outputs.extend(self.fill_released(&ctx).await?);
         Ok(outputs)
@@ -311,6 +340,39 @@ fn parent_of(f: &store::ParentRow) -> Result<Option<decide::Parent>, String> {
 }
 
 impl RequestStage {
+    /// PENDING_APPROVAL → FAILED (`APPROVAL_TIMEOUT`) for the signer's transactions that waited
+    /// for an approval longer than `approval.timeout` (seed 000 §4.1), in one fenced transaction,
+    /// announced by TxFailed. They hold no nonce, so nothing is released and nobody waited on
+    /// them. A compare-and-set on the state: one approved or cancelled meanwhile (the command
+    /// stage drives the signer under the same lock, so not at once) is left as it is, and only
+    /// the failures that landed are announced. The deadline is applied by the recovery scan's
+    /// drives, so within one scan interval (5 s) of it; an approval that lands before wins.
+    async fn expire_approvals(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+        let lease = ctx.lease;
+        let expired = store::expired_approvals(ctx.pool, lease.key(), self.config.approval_timeout)
+            .await
+            .map_err(|e| HandlerError::transient("expired approvals", e))?;
+        if expired.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = store::rows(ctx.pool, lease.key(), &[TxState::PendingApproval])
+            .await
+            .map_err(|e| HandlerError::classified("list pending approval", e))?;
+        let reason = decide::approval_timeout_reason(self.config.approval_timeout);
+        let (mut failing, mut failed) = (Vec::new(), Vec::new());
+        for row in rows.iter().filter(|r| expired.contains(&r.tx_id)) {
+            tracing::warn!(signer = %lease.key().signer, tx_id = %row.tx_id, request_id = %row.request_id, reason, "approval timed out; the transaction fails");
+            let (m, f) = fail_row(lease, row, FailureCode::ApprovalTimeout, &reason, None)?;
+            failing.push(m);
+            failed.push(f);
+        }
+        let key = self.key(lease);
+        let mut tx = lease.begin(ctx.pool).await?;
+        let landed = store::fail_unallocated(&mut tx.writer(), &failing).await?;
+        tx.commit().await?;
+        Ok(self.failures(&key, failed, &landed))
+    }
+
     /// RECEIVED → SIMULATED / PENDING_APPROVAL / FAILED. A request the signer cannot pay for
     /// stays RECEIVED: held alone (its reason on its row, simulated again after a back-off) when
     /// the signer can pay for others, or with the whole signer held when it can pay for none
@@ -564,17 +626,42 @@ impl RequestStage {
     /// SIMULATED transaction that cannot be allocated as recorded (its payload does not parse,
     /// or its numbers cannot be represented) fails alone with the reason, before any nonce is
     /// taken for it; the signer's others are allocated.
+    ///
+    /// Within the in-flight budget (`nonce.max_in_flight`, [`decide::within_budget`]): the
+    /// signer's nonces in flight are counted first (one statement), and only the room left is
+    /// allocated. The others stay SIMULATED / REPLACED without a nonce (nothing fails, nothing
+    /// is dead-lettered) and are allocated by a later drive as mining frees the budget: after
+    /// the next batch of the signer's requests, the runtime's drive of ready signers (about a
+    /// second after room appears, [`store::ready_signers`]) or at the latest the recovery scan's
+    /// (the signer stays among the pending ones while it has requests waiting). A signer at the
+    /// budget costs a drive two reads and no call to the node.
     async fn allocate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
         let lease = ctx.lease;
+        let in_flight = store::in_flight(ctx.pool, lease.key())
+            .await
+            .map_err(|e| HandlerError::transient("in flight", e))?;
+        let max_in_flight = self.config.max_in_flight;
+        let room = decide::within_budget(usize::MAX, in_flight, max_in_flight);
+        // At the budget one row is still read: whether anything waits, for the report.
+        let limit = i64::try_from(room.max(1)).unwrap_or(decide::MAX_ALLOCATIONS_PER_DRIVE);
         let rows = store::rows_limited(
             ctx.pool,
             lease.key(),
             &[TxState::Simulated, TxState::Replaced],
-            decide::MAX_ALLOCATIONS_PER_DRIVE,
+            limit,
         )
         .await
         .map_err(|e| HandlerError::classified("list allocatable", e))?;
         if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        if room == 0 {
+            // Once per scan interval at INFO (the recovery scan's drives), not on every batch.
+            if ctx.recovery {
+                tracing::info!(signer = %lease.key().signer, in_flight, max_in_flight, "requests wait: the signer's in-flight budget is full");
+            } else {
+                tracing::debug!(signer = %lease.key().signer, in_flight, max_in_flight, "requests wait: the signer's in-flight budget is full");
+            }
             return Ok(Vec::new());
         }
         let db = |what: &'static str| move |e: sqlx::Error| HandlerError::transient(what, e);
@@ -647,6 +734,8 @@ impl RequestStage {
         let mut tx = lease.begin(ctx.pool).await?;
         let landed = store::fail_unallocated(&mut tx.writer(), &failing).await?;
         let mut outputs = self.failures(&key, failed, &landed);
+        // `rows` were read up to the room left; the budget is checked again on what is ready.
+        ready.truncate(decide::within_budget(ready.len(), in_flight, max_in_flight));
         if ready.is_empty() {
             tx.commit().await?;
             return Ok(outputs);

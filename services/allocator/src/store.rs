@@ -386,3 +386,101 @@ pub async fn released_nonces(pool: &PgPool, key: &LeaseKey) -> Result<i64, sqlx:
         .fetch_one(pool)
         .await
 }
+
+/// The states whose transactions count against the in-flight budget (`nonce.max_in_flight`):
+/// those that hold a nonce the chain has not consumed yet. MINED and REVERTED hold theirs too
+/// ([`TxState::holds_nonce`]), but the chain consumed it: they are no longer in flight, and a
+/// reorg that undoes one takes it back to SUBMITTED, where it counts again. REPLACED holds none
+/// (another transaction took its nonce): it waits for a new one like a SIMULATED request, and
+/// takes it within the budget. PENDING_APPROVAL and FAILED hold none.
+pub const IN_FLIGHT: [TxState; 3] = [TxState::Allocated, TxState::Signed, TxState::Submitted];
+
+/// How many of the signer's nonces are in flight ([`IN_FLIGHT`]), in one statement. The states
+/// are written out (`txstore::state_in`) so that the open-state index serves it whatever the
+/// plan: its cost follows the signer's transactions in flight, not its history. A plain read
+/// before the allocation's transaction: while the allocator holds the signer's lock, only the
+/// later stages move these rows, and on (fewer in flight) but for a reorg (MINED back to
+/// SUBMITTED), which may take the count over the budget; drives then wait until it is back
+/// under.
+pub async fn in_flight(pool: &PgPool, key: &LeaseKey) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND {}",
+        txstore::state_in("state", &IN_FLIGHT)
+    ))
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .fetch_one(pool)
+    .await
+}
+
+/// The signer's transactions in PENDING_APPROVAL for longer than `timeout` (`approval.timeout`),
+/// oldest first, by the database clock: `updated_at` is the time of the move to
+/// PENDING_APPROVAL, since nothing else writes a row in that state (a hold is a RECEIVED
+/// request's). The state is written out so that the open-state index serves it.
+pub async fn expired_approvals(
+    pool: &PgPool,
+    key: &LeaseKey,
+    timeout: Duration,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(&format!(
+        "SELECT tx_id FROM managed_tx
+         WHERE chain_id = $1 AND signer = $2 AND {}
+           AND updated_at < clock_timestamp() - $3 * interval '1 millisecond'
+         ORDER BY updated_at, tx_id",
+        txstore::state_in("state", &[TxState::PendingApproval])
+    ))
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX))
+    .fetch_all(pool)
+    .await
+}
+
+/// The signers of `chain_id` with a transaction in PENDING_APPROVAL for longer than `timeout`:
+/// the recovery scan drives them so that the expiry is applied without a message. It reads the
+/// chain's PENDING_APPROVAL entries of the open-state index (few: each waits for an operator).
+pub async fn signers_with_expired_approvals(
+    pool: &PgPool,
+    chain_id: ChainId,
+    timeout: Duration,
+) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+    let rows: Vec<(i64, String)> = sqlx::query_as(&format!(
+        "SELECT DISTINCT chain_id, signer FROM managed_tx
+         WHERE chain_id = $1 AND {}
+           AND updated_at < clock_timestamp() - $2 * interval '1 millisecond'",
+        txstore::state_in("state", &[TxState::PendingApproval])
+    ))
+    .bind(chain_id.0)
+    .bind(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX))
+    .fetch_all(pool)
+    .await?;
+    Ok(txstore::signer_keys(rows))
+}
+
+/// The signers of `chain_id` with transactions waiting for a nonce (SIMULATED, REPLACED) and
+/// fewer than `max_in_flight` nonces in flight: those whose waiting requests mining has let go
+/// on since their last drive (or that a drive has not reached yet). The stage runtime drives
+/// them between recovery scans (`Handler::ready_signers`), so that a signer at the budget goes
+/// on about a second after mining frees it rather than at the next scan. A signer at the budget
+/// is not named: nothing polls work that cannot move. Both reads are of the open-state index
+/// (states written out), so the cost follows the transactions in flight.
+pub async fn ready_signers(
+    pool: &PgPool,
+    chain_id: ChainId,
+    max_in_flight: u32,
+) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+    let rows: Vec<(i64, String)> = sqlx::query_as(&format!(
+        "SELECT w.chain_id, w.signer
+         FROM (SELECT DISTINCT chain_id, signer FROM managed_tx
+               WHERE chain_id = $1 AND {waiting}) w
+         WHERE (SELECT count(*) FROM managed_tx f
+                WHERE f.chain_id = w.chain_id AND f.signer = w.signer AND {in_flight}) < $2",
+        waiting = txstore::state_in("state", &[TxState::Simulated, TxState::Replaced]),
+        in_flight = txstore::state_in("f.state", &IN_FLIGHT),
+    ))
+    .bind(chain_id.0)
+    .bind(i64::from(max_in_flight))
+    .fetch_all(pool)
+    .await?;
+    Ok(txstore::signer_keys(rows))
+}

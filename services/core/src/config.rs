@@ -1,6 +1,7 @@
-//! The typed configuration shared by every role: built-in defaults, overridden by `TXFLOW_*`
-//! environment variables (and by command-line flags in the binary). Loaded once in `main` and
-//! passed down; there is no global configuration.
+//! The typed configuration shared by every role: built-in defaults, overridden by a TOML file
+//! (`txflow --config`, see `config_file`), then by `TXFLOW_*` environment variables, then by
+//! command-line flags in the binary. Loaded once in `main` and passed down; there is no global
+//! configuration.
 
 use std::env;
 
@@ -30,6 +31,11 @@ pub struct Config {
     /// `TXFLOW_SIGNER_KEYS`: comma-separated hex private keys for the local signer. A secret:
     /// never printed (its `Debug` is redacted).
     pub signer_keys: Secret,
+    /// `TXFLOW_SIGNER_KEYS_FILE` (`signer.keys_file`): a file holding the signer keys in the
+    /// format of `TXFLOW_SIGNER_KEYS` (commas or line breaks between keys), read when the
+    /// configuration is loaded, so that a key never has to be written into a configuration file or
+    /// a process's environment. Setting one of the two clears the other.
+    pub signer_keys_file: Option<std::path::PathBuf>,
     /// `TXFLOW_POLICY_WHITELIST`: comma-separated destination addresses; empty allows any.
     pub policy_whitelist: Vec<String>,
     /// `TXFLOW_POLICY_MAX_VALUE_WEI`: refuse transactions above this value (decimal wei).
@@ -55,6 +61,18 @@ pub struct Config {
     /// `TXFLOW_RESUBMIT_INTERVAL_MS`: a submitted transaction not mined after this long is sent
     /// again (the node may have dropped it).
     pub resubmit_interval_ms: u64,
+    /// `nonce.state_timeout` (`TXFLOW_NONCE_STATE_TIMEOUT_MS`, default 30000): the allocator
+    /// aligns a signer's nonce cursor with the chain's pending nonce when the cursor was last
+    /// aligned longer ago than this.
+    pub nonce_state_timeout_ms: u64,
+    /// `nonce.max_in_flight` (`TXFLOW_MAX_IN_FLIGHT`, default 64): at most this many nonces of
+    /// a signer are allocated and not yet mined (ALLOCATED, SIGNED, SUBMITTED); above it the
+    /// allocator leaves requests waiting without a nonce, so that a stalled chain does not turn
+    /// into thousands of queued nonces.
+    pub max_in_flight: u32,
+    /// `approval.timeout` (`TXFLOW_APPROVAL_TIMEOUT_MS`, default 86400000, a day): a transaction
+    /// in PENDING_APPROVAL longer than this fails with `APPROVAL_TIMEOUT`.
+    pub approval_timeout_ms: u64,
     /// An RPC call without an answer after this long has failed and is retried
     /// (`TXFLOW_RPC_TIMEOUT_MS`, default 10000).
     pub rpc_timeout_ms: u64,
@@ -79,6 +97,11 @@ pub struct Config {
     /// the defensive cancellation after a deep reorg, whose fees are raised well above the
     /// original's and the market's.
     pub max_fee_per_gas_wei: u128,
+    /// `TXFLOW_LOG` (`log.filter`, default `info`): a `tracing` filter (`info`,
+    /// `txflow_core=debug,info`, …); one that does not parse falls back to `info`.
+    pub log_filter: String,
+    /// `TXFLOW_LOG_FORMAT` (`log.format`): `json` for one JSON object per line, anything else text.
+    pub log_json: bool,
 }
 
 impl std::fmt::Debug for Config {
@@ -100,6 +123,7 @@ impl std::fmt::Debug for Config {
             .field("rpc_urls", &rpc)
             .field("chain_id", &self.chain_id)
             .field("signer_keys", &self.signer_keys)
+            .field("signer_keys_file", &self.signer_keys_file)
             .field("policy_whitelist", &self.policy_whitelist)
             .field("policy_max_value_wei", &self.policy_max_value_wei)
             .field(
@@ -115,6 +139,9 @@ impl std::fmt::Debug for Config {
                 &self.signer_keystore_password_file,
             )
             .field("resubmit_interval_ms", &self.resubmit_interval_ms)
+            .field("nonce_state_timeout_ms", &self.nonce_state_timeout_ms)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("approval_timeout_ms", &self.approval_timeout_ms)
             .field("rpc_timeout_ms", &self.rpc_timeout_ms)
             .field("rpc_attempts", &self.rpc_attempts)
             .field("assignment_timeout_ms", &self.assignment_timeout_ms)
@@ -122,21 +149,41 @@ impl std::fmt::Debug for Config {
             .field("stale_receipt_timeout_ms", &self.stale_receipt_timeout_ms)
             .field("confirmations_required", &self.confirmations_required)
             .field("max_fee_per_gas_wei", &self.max_fee_per_gas_wei)
+            .field("log_filter", &self.log_filter)
+            .field("log_json", &self.log_json)
             .finish()
     }
 }
 
-/// A database URL as it may be printed: the password (if any) replaced by `***`.
+/// A database URL as it may be printed: the password (if any) replaced by `***`, in the user
+/// information and in a `password=` query parameter (which libpq and sqlx accept too).
 pub fn redact_database_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let base = match (base.find("://"), base.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
+            let creds = &base[scheme + 3..at];
             match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
+                Some((user, _)) => format!("{}{user}:***{}", &base[..scheme + 3], &base[at..]),
+                None => base.to_string(),
             }
         }
-        _ => url.to_string(),
+        _ => base.to_string(),
+    };
+    match query {
+        None => base,
+        Some(query) => {
+            let params: Vec<&str> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => "password=***",
+                    _ => p,
+                })
+                .collect();
+            format!("{base}?{}", params.join("&"))
+        }
     }
 }
 
@@ -164,7 +211,7 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{var}={value:?} is not valid: {why}")]
     Invalid {
@@ -172,6 +219,52 @@ pub enum ConfigError {
         value: String,
         why: &'static str,
     },
+    /// A value of the configuration file that its type accepts but the setting does not (the
+    /// same rule as its environment variable's).
+    #[error("{key}: invalid value {value:?}: {why}")]
+    InvalidKey {
+        key: &'static str,
+        value: String,
+        why: &'static str,
+    },
+    /// A key the file does not know, or a value of the wrong type, at `key` (dotted path). The
+    /// TOML error is kept, but not as the source: its message is this one's, and the chain of
+    /// sources would print it twice.
+    #[error("{}: {key}: {}", at_line(path, *line), error.message())]
+    Key {
+        path: std::path::PathBuf,
+        line: Option<usize>,
+        key: String,
+        error: Box<toml::de::Error>,
+    },
+    /// An error of the file at `path` (a value refused by its setting's rule).
+    #[error("{}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<ConfigError>,
+    },
+    #[error("{}: not valid TOML", path.display())]
+    Syntax {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    #[error("cannot read {what} {}", path.display())]
+    Read {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// `path:line`, or `path` when the line is not known.
+fn at_line(path: &std::path::Path, line: Option<usize>) -> String {
+    match line {
+        Some(line) => format!("{}:{line}", path.display()),
+        None => path.display().to_string(),
+    }
 }
 
 impl Classify for ConfigError {
@@ -184,6 +277,17 @@ impl Classify for ConfigError {
 /// most 0.021 ETH).
 pub const DEFAULT_MAX_FEE_PER_GAS_WEI: u128 = 1_000_000_000_000;
 
+/// The default of `nonce.max_in_flight`: 64 unmined nonces per signer, a few blocks' worth of a
+/// busy signer, which a stalled chain does not grow past (seed 003's `max_inflight`).
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
+/// The largest `nonce.max_in_flight` accepted: the most one allocator drive allocates.
+pub const MAX_IN_FLIGHT_LIMIT: u32 = 10_000;
+/// The default of `approval.timeout`: a day, long enough for an operator on another time zone to
+/// answer, short enough that a forgotten request does not wait for ever.
+pub const DEFAULT_APPROVAL_TIMEOUT_MS: u64 = 86_400_000;
+/// The longest `approval.timeout` accepted: 30 days.
+pub const MAX_APPROVAL_TIMEOUT_MS: u64 = 2_592_000_000;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -195,6 +299,7 @@ impl Default for Config {
             rpc_urls: vec!["http://127.0.0.1:8545".into()],
             chain_id: 31337,
             signer_keys: Secret::default(),
+            signer_keys_file: None,
             policy_whitelist: Vec::new(),
             policy_max_value_wei: None,
             policy_approval_threshold_wei: None,
@@ -204,6 +309,9 @@ impl Default for Config {
             signer_keystore: None,
             signer_keystore_password_file: None,
             resubmit_interval_ms: 15_000,
+            nonce_state_timeout_ms: 30_000,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            approval_timeout_ms: DEFAULT_APPROVAL_TIMEOUT_MS,
             rpc_timeout_ms: 10_000,
             rpc_attempts: 4,
             assignment_timeout_ms: 60_000,
@@ -211,6 +319,8 @@ impl Default for Config {
             stale_receipt_timeout_ms: 60_000,
             confirmations_required: 12,
             max_fee_per_gas_wei: DEFAULT_MAX_FEE_PER_GAS_WEI,
+            log_filter: "info".into(),
+            log_json: false,
         }
     }
 }
@@ -269,6 +379,19 @@ impl Config {
     /// Defaults overridden by `lookup` (the environment, or a map in tests).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let mut c = Config::default();
+        c.apply_env(lookup)?;
+        c.read_signer_keys_file()?;
+        Ok(c)
+    }
+
+    /// One layer of settings over `self`: each `TXFLOW_*` variable `lookup` answers replaces its
+    /// setting, checked as the environment's value (the configuration file goes through here too,
+    /// so a key and its variable accept the same values).
+    pub fn apply_env(
+        &mut self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        let c = self;
         if let Some(v) = lookup("TXFLOW_DATABASE_URL") {
             c.database_url = v;
         }
@@ -328,8 +451,26 @@ impl Config {
                 }
             };
         }
-        if let Some(v) = lookup("TXFLOW_SIGNER_KEYS") {
-            c.signer_keys = Secret::new(v);
+        match (
+            lookup("TXFLOW_SIGNER_KEYS"),
+            lookup("TXFLOW_SIGNER_KEYS_FILE"),
+        ) {
+            (Some(_), Some(path)) => {
+                return Err(ConfigError::Invalid {
+                    var: "TXFLOW_SIGNER_KEYS_FILE",
+                    value: path,
+                    why: "set TXFLOW_SIGNER_KEYS or TXFLOW_SIGNER_KEYS_FILE, not both",
+                });
+            }
+            (Some(keys), None) => {
+                c.signer_keys = Secret::new(keys);
+                c.signer_keys_file = None;
+            }
+            (None, Some(path)) => {
+                c.signer_keys = Secret::default();
+                c.signer_keys_file = Some(path.into());
+            }
+            (None, None) => {}
         }
         if let Some(v) = lookup("TXFLOW_POLICY_WHITELIST") {
             c.policy_whitelist = v
@@ -420,6 +561,42 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = lookup("TXFLOW_NONCE_STATE_TIMEOUT_MS") {
+            c.nonce_state_timeout_ms = match v.parse::<u64>() {
+                Ok(n) if n <= 86_400_000 => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_NONCE_STATE_TIMEOUT_MS",
+                        value: v,
+                        why: "expected milliseconds, at most 86400000",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_MAX_IN_FLIGHT") {
+            c.max_in_flight = match v.parse::<u32>() {
+                Ok(n) if (1..=MAX_IN_FLIGHT_LIMIT).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_MAX_IN_FLIGHT",
+                        value: v,
+                        why: "expected a whole number between 1 and 10000",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_APPROVAL_TIMEOUT_MS") {
+            c.approval_timeout_ms = match v.parse::<u64>() {
+                Ok(n) if (1_000..=MAX_APPROVAL_TIMEOUT_MS).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_APPROVAL_TIMEOUT_MS",
+                        value: v,
+                        why: "expected milliseconds between 1000 and 2592000000 (30 days)",
+                    });
+                }
+            };
+        }
         if let Some(v) = lookup("TXFLOW_RPC_TIMEOUT_MS") {
             c.rpc_timeout_ms = match v.parse::<u64>() {
                 Ok(n) if (50..=600_000).contains(&n) => n,
@@ -498,10 +675,35 @@ impl Config {
         if let Some(v) = lookup("TXFLOW_SIGNER_KEYSTORE_PASSWORD_FILE") {
             c.signer_keystore_password_file = Some(v.into());
         }
-        c.policy_max_value_wei = lookup("TXFLOW_POLICY_MAX_VALUE_WEI").or(c.policy_max_value_wei);
-        c.policy_approval_threshold_wei =
-            lookup("TXFLOW_POLICY_APPROVAL_THRESHOLD_WEI").or(c.policy_approval_threshold_wei);
-        Ok(c)
+        c.policy_max_value_wei =
+            lookup("TXFLOW_POLICY_MAX_VALUE_WEI").or(c.policy_max_value_wei.take());
+        c.policy_approval_threshold_wei = lookup("TXFLOW_POLICY_APPROVAL_THRESHOLD_WEI")
+            .or(c.policy_approval_threshold_wei.take());
+        if let Some(v) = lookup("TXFLOW_LOG") {
+            c.log_filter = v;
+        }
+        if let Some(v) = lookup("TXFLOW_LOG_FORMAT") {
+            c.log_json = v == "json";
+        }
+        Ok(())
+    }
+
+    /// Reads `signer_keys_file`, if set, into `signer_keys` (the last step of loading).
+    pub fn read_signer_keys_file(&mut self) -> Result<(), ConfigError> {
+        let Some(path) = &self.signer_keys_file else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            what: "the signer keys file",
+            path: path.clone(),
+            source,
+        })?;
+        let keys: Vec<&str> = text
+            .split(|ch: char| ch == ',' || ch.is_whitespace())
+            .filter(|k| !k.is_empty())
+            .collect();
+        self.signer_keys = Secret::new(keys.join(","));
+        Ok(())
     }
 }
 
@@ -528,14 +730,42 @@ mod tests {
         let cap = |v: &str| {
             Config::from_lookup(|k| (k == "TXFLOW_MAX_FEE_PER_GAS_WEI").then(|| v.to_string()))
                 .map(|c| c.max_fee_per_gas_wei)
+                .ok()
         };
         assert_eq!(
             Config::default().max_fee_per_gas_wei,
             DEFAULT_MAX_FEE_PER_GAS_WEI
         );
-        assert_eq!(cap("50000000000"), Ok(50_000_000_000));
+        assert_eq!(cap("50000000000"), Some(50_000_000_000));
         for bad in ["0", "-1", "1.5", "1000000000000000001", "lots"] {
-            assert!(cap(bad).is_err(), "{bad}");
+            assert!(cap(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_in_flight_budget_and_the_approval_timeout_follow_the_environment() {
+        let d = Config::default();
+        assert_eq!(d.max_in_flight, 64);
+        assert_eq!(d.approval_timeout_ms, 24 * 3600 * 1000);
+        let c = Config::from_lookup(|k| match k {
+            "TXFLOW_MAX_IN_FLIGHT" => Some("16".into()),
+            "TXFLOW_APPROVAL_TIMEOUT_MS" => Some("2000".into()),
+            _ => None,
+        })
+        .expect("valid");
+        assert_eq!((c.max_in_flight, c.approval_timeout_ms), (16, 2000));
+        for (var, bad) in [
+            ("TXFLOW_MAX_IN_FLIGHT", "0"),
+            ("TXFLOW_MAX_IN_FLIGHT", "10001"),
+            ("TXFLOW_MAX_IN_FLIGHT", "-1"),
+            ("TXFLOW_MAX_IN_FLIGHT", "many"),
+            ("TXFLOW_APPROVAL_TIMEOUT_MS", "999"),
+            ("TXFLOW_APPROVAL_TIMEOUT_MS", "2592000001"),
+            ("TXFLOW_APPROVAL_TIMEOUT_MS", "1h"),
+        ] {
+            let err = Config::from_lookup(|k| (k == var).then(|| bad.into()))
+                .expect_err("an invalid value");
+            assert!(err.to_string().contains(var), "{var}={bad}: {err}");
         }
     }
 
@@ -557,6 +787,10 @@ mod tests {
         assert_eq!(
             redact_database_url("postgres://u@h/db"),
             "postgres://u@h/db"
+        );
+        assert_eq!(
+            redact_database_url("postgres://u:PW@h/db?sslmode=require&password=PW2"),
+            "postgres://u:***@h/db?sslmode=require&password=***"
         );
     }
 

@@ -7,6 +7,7 @@
 //! - [`kafka`]: client settings the pipeline relies on, topic names, topic administration.
 //! - [`db`]: PostgreSQL connection and the embedded migrations.
 //! - [`config`]: the typed configuration, from defaults and `TXFLOW_*` environment variables.
+//! - [`config_file`]: the configuration file (`txflow --config`), the layer under the environment.
 //! - [`role`]: the service roles and the error of a role that is not built yet.
 //! - [`domain`]: the identities of txflow-domain (chain ids, signers, tokens, node ids, roles).
 //! - [`lease`]: per-(role, chain, signer) leases with monotonic fencing tokens.
@@ -21,6 +22,7 @@
 pub mod chain;
 pub mod codec;
 pub mod config;
+pub mod config_file;
 pub mod db;
 pub mod deps;
 pub mod domain;

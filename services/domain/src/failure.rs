@@ -22,10 +22,13 @@ pub enum FailureCode {
     /// The request it depends on (`depends_on_request_id`) failed: FAILED, or reverted on chain
     /// and settled. The reason names that request.
     DependencyFailed,
+    /// It waited in PENDING_APPROVAL longer than `approval.timeout` without an operator's
+    /// decision (seed 000 §4.1). It held no nonce.
+    ApprovalTimeout,
 }
 
 impl FailureCode {
-    pub const ALL: [FailureCode; 8] = [
+    pub const ALL: [FailureCode; 9] = [
         FailureCode::PolicyDenied,
         FailureCode::SimulationReverted,
         FailureCode::SimulationFailed,
@@ -34,6 +37,7 @@ impl FailureCode {
         FailureCode::NoSigningKey,
         FailureCode::SendRejected,
         FailureCode::DependencyFailed,
+        FailureCode::ApprovalTimeout,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +50,7 @@ impl FailureCode {
             FailureCode::NoSigningKey => "NO_SIGNING_KEY",
             FailureCode::SendRejected => "SEND_REJECTED",
             FailureCode::DependencyFailed => "DEPENDENCY_FAILED",
+            FailureCode::ApprovalTimeout => "APPROVAL_TIMEOUT",
         }
     }
 }

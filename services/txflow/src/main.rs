@@ -1,5 +1,5 @@
-//! `txflow`: one subcommand per service role, plus `up`, `migrate`, `replay`, `bench`, `demo` and
-//! `signers`.
+//! `txflow`: one subcommand per service role, plus `up`, `migrate`, `replay`, `bench`, `demo`,
+//! `signers` and `config`.
 //!
 //! Thin on purpose: it loads the configuration, starts logging and hands over to the crates.
 
@@ -7,6 +7,7 @@ mod bench;
 mod bench_stage;
 mod demo;
 mod local;
+mod replay;
 mod roles;
 mod signers;
 mod signers_store;
@@ -34,6 +35,10 @@ struct Cli {
 /// Settings shared by every subcommand; each also reads its `TXFLOW_*` environment variable.
 #[derive(Args, Debug)]
 struct Global {
+    /// A TOML configuration file (deploy/txflow.example.toml lists every key): above the
+    /// built-in defaults, below the environment variables and these flags.
+    #[arg(long, global = true, env = "TXFLOW_CONFIG")]
+    config: Option<std::path::PathBuf>,
     /// PostgreSQL URL.
     #[arg(long, global = true, env = "TXFLOW_DATABASE_URL")]
     database_url: Option<String>,
@@ -72,22 +77,26 @@ enum Command {
     Up(up::UpArgs),
     /// Apply the database migrations.
     Migrate,
-    /// Reset a consumer group's offsets to an offset or a time (like kafka-consumer-groups).
-    Replay,
+    /// Reset a consumer group's offsets (like kafka-consumer-groups --reset-offsets): prints the
+    /// plan, and with --execute commits it; refused while the group has live members.
+    Replay(replay::ReplayArgs),
     /// Load generator: drive the real pipeline (or one broker hop) and report throughput and
     /// latency.
     Bench(bench::BenchArgs),
     /// Start everything, push a few hundred requests and show the outcomes.
     Demo,
+    /// Print the effective configuration (defaults, file, environment, flags) as TOML, every
+    /// secret redacted.
+    Config,
     /// Each signer at a glance (cursor, chain nonces, in flight, holds, leases; --json for one
     /// object per signer), and `signers reset-nonce`, the operator's manual nonce reset.
     Signers(signers::SignersArgs),
 }
 
-fn init_logging() {
+fn init_logging(config: &Config) {
     use tracing_subscriber::EnvFilter;
     let mut filter =
-        EnvFilter::try_from_env("TXFLOW_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+        EnvFilter::try_new(&config.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
     // alloy's HTTP transport opens a debug span that records the endpoint's full URL, whose path
     // or query may hold an API key: never below info, whatever TXFLOW_LOG says (a directive added
     // for the same target replaces the user's).
@@ -97,7 +106,7 @@ fn init_logging() {
             Err(e) => eprintln!("warning: log directive {quiet:?}: {e}"),
         }
     }
-    let json = std::env::var("TXFLOW_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let json = config.log_json;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -109,7 +118,7 @@ fn init_logging() {
 }
 
 fn config(global: &Global) -> anyhow::Result<Config> {
-    let mut c = Config::from_env()?;
+    let mut c = Config::load(global.config.as_deref(), |k| std::env::var(k).ok())?;
     if let Some(v) = &global.database_url {
         c.database_url = v.clone();
     }
@@ -134,8 +143,7 @@ async fn run_role(role: Role, config: &Config) -> anyhow::Result<()> {
     roles::run_role(role, &deps, roles::shutdown_root()?).await
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = config(&cli.global)?;
+async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     match cli.command {
         Command::Allocator => run_role(Role::Allocator, &config).await,
         Command::SignerGateway => run_role(Role::SignerGateway, &config).await,
@@ -152,16 +160,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("migrations applied: the database is at {n} migration(s)");
             Ok(())
         }
-        Command::Replay => anyhow::bail!("txflow replay is not implemented yet (no issue filed)"),
+        Command::Replay(args) => replay::run(&config, args).await,
         Command::Bench(args) => bench::run(&config, args).await,
         Command::Demo => demo::run(&config).await,
+        Command::Config => {
+            print!("{}", config.to_toml_redacted()?);
+            Ok(())
+        }
         Command::Signers(args) => signers::run(&config, args).await,
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    let config = match config(&cli.global) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(&config);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -169,7 +188,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

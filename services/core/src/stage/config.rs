@@ -23,6 +23,10 @@ pub struct StageConfig {
     pub retry_backoff: Duration,
     /// How often the recovery scan runs (besides on start and on assignment).
     pub recovery_interval: Duration,
+    /// How often the runtime asks the handler for signers whose waiting work a condition
+    /// without a message has unblocked ([`Handler::ready_signers`](super::Handler::ready_signers)),
+    /// so that they do not wait for the recovery scan.
+    pub ready_interval: Duration,
     /// The pipeline's topics, when the stage records announced events in `tx_events`: its
     /// recovery scan then relays the ones a crash left unpublished ([`crate::outbox`]).
     pub outbox: Option<Topics>,
@@ -43,6 +47,7 @@ impl StageConfig {
             lease: LeaseConfig::default(),
             retry_backoff: Duration::from_millis(200),
             recovery_interval: Duration::from_secs(30),
+            ready_interval: Duration::from_secs(1),
             outbox: None,
             assignment_timeout: Duration::from_secs(60),
         }

@@ -290,6 +290,18 @@ pub trait Handler: Send + Sync + 'static {
         pool: &PgPool,
     ) -> impl Future<Output = Result<Vec<(ChainId, Signer)>, sqlx::Error>> + Send;
 
+    /// Signers whose waiting work a condition without a message has unblocked, driven every
+    /// [`StageConfig::ready_interval`](super::StageConfig::ready_interval) rather than at the next
+    /// recovery scan: the allocator's signers with requests waiting for the in-flight budget and
+    /// room in it again (mining freed it). Only signers that can make progress, so that this is
+    /// never a loop over work that cannot move. Default: none (the recovery scan alone).
+    fn ready_signers(
+        &self,
+        _pool: &PgPool,
+    ) -> impl Future<Output = Result<Vec<(ChainId, Signer)>, sqlx::Error>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
     /// Drives one signer's pending work from PostgreSQL, outside any transaction: external calls
     /// (intent → commit → call → record), and re-emission of what the broker may have lost.
     fn drive(
@@ -329,6 +341,12 @@ impl<H: Handler> Handler for Arc<H> {
         pool: &PgPool,
     ) -> impl Future<Output = Result<Vec<(ChainId, Signer)>, sqlx::Error>> + Send {
         (**self).pending_signers(pool)
+    }
+    fn ready_signers(
+        &self,
+        pool: &PgPool,
+    ) -> impl Future<Output = Result<Vec<(ChainId, Signer)>, sqlx::Error>> + Send {
+        (**self).ready_signers(pool)
     }
     fn drive(
         &self,

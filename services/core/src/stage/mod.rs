@@ -8,7 +8,9 @@
 //! After each commit, and in the recovery scan (on start, on partition assignment and
 //! periodically), the runtime calls [`Handler::drive`] for the signers concerned, outside any
 //! transaction: the place for external calls (intent committed → call → result recorded, fenced)
-//! and for re-driving work that PostgreSQL knows but the broker forgot.
+//! and for re-driving work that PostgreSQL knows but the broker forgot. Every
+//! `ready_interval` it also drives the signers [`Handler::ready_signers`] names (work waiting on
+//! a condition that cleared without a message, such as the allocator's in-flight budget).
 //!
 //! Messages that cannot be processed now (their signer's lease is held elsewhere, was lost, or a
 //! transient error) are not skipped: the partition is rewound to the first of them and they come
@@ -152,6 +154,7 @@ impl<H: Handler> StageRuntime<H> {
         let mut assigned: BTreeSet<i32> = BTreeSet::new();
         let mut watch = AssignmentWatch::new(Instant::now(), self.config.assignment_timeout);
         let mut next_scan = Instant::now() + self.config.recovery_interval;
+        let mut next_ready = Instant::now() + self.config.ready_interval;
         let mut retry_pause: Option<Duration> = None;
         tracing::info!(
             role = %self.handler.role(),
@@ -216,6 +219,13 @@ impl<H: Handler> StageRuntime<H> {
                 let parts: Vec<i32> = assigned.iter().copied().collect();
                 if !parts.is_empty() {
                     self.recovery_scan(&producer, &parts).await;
+                }
+            }
+            if Instant::now() >= next_ready {
+                next_ready = Instant::now() + self.config.ready_interval;
+                let parts: Vec<i32> = assigned.iter().copied().collect();
+                if !parts.is_empty() {
+                    self.drive_ready(&producer, &parts).await;
                 }
             }
             if let Some(pause) = retry_pause.take() {

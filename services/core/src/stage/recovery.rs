@@ -57,6 +57,31 @@ impl<H: Handler> StageRuntime<H> {
         self.drive_all(producer, &to_drive, true).await;
     }
 
+    /// Drives the signers on `partitions` whose waiting work was unblocked without a message
+    /// ([`Handler::ready_signers`]), between recovery scans.
+    pub(super) async fn drive_ready(&self, producer: &FutureProducer, partitions: &[i32]) {
+        let ready = match self.handler.ready_signers(&self.pool).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list signers ready to go on");
+                return;
+            }
+        };
+        let mut mine: Vec<(ChainId, Signer)> = ready
+            .into_iter()
+            .filter(|(c, s)| partitions.contains(&self.partition_of(*c, s)))
+            .collect();
+        mine.sort();
+        mine.dedup();
+        if mine.is_empty() {
+            return;
+        }
+        tracing::debug!(role = %self.handler.role(), signers = mine.len(), "driving signers ready to go on");
+        let leases = self.leases_for(mine).await;
+        let to_drive: Vec<&HeldLease> = leases.values().collect();
+        self.drive_all(producer, &to_drive, false).await;
+    }
+
     /// Drives several signers at once (each signer's own work stays sequential).
     pub(super) async fn drive_all(
         &self,
