@@ -19,6 +19,7 @@
 
 use std::time::Duration;
 
+use alloy::providers::Provider;
 use alloy::providers::ext::AnvilApi;
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
@@ -41,16 +42,25 @@ async fn allocated(p: &Pipeline, signer: &str) -> i64 {
         .expect("allocated")
 }
 
-/// How many of `signer`'s nonces are in flight (allocated, not mined).
+/// An upper bound of how many of `signer`'s nonces are in flight — allocated, not used on the
+/// chain — read without a race: the nonces allocated first, then the chain's latest nonce
+/// (which only grows, so the difference can only be larger than at any one instant).
 async fn in_flight(p: &Pipeline, signer: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM managed_tx
-         WHERE signer = $1 AND state IN ('ALLOCATED', 'SIGNED', 'SUBMITTED')",
+    let allocated: i64 = sqlx::query_scalar(
+        "SELECT coalesce(max(nonce) + 1, 0) FROM managed_tx WHERE signer = $1 AND nonce IS NOT NULL",
     )
     .bind(signer)
     .fetch_one(&p.db.pool)
     .await
-    .expect("in flight")
+    .expect("allocated");
+    let address: alloy::primitives::Address = signer.parse().expect("address");
+    let used = p
+        .provider()
+        .get_transaction_count(address)
+        .latest()
+        .await
+        .expect("latest nonce");
+    allocated - i64::try_from(used).expect("nonce")
 }
 
 /// The state and failure code of request `request_id`.

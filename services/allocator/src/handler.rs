@@ -633,15 +633,33 @@ impl RequestStage {
     /// is dead-lettered) and are allocated by a later drive as mining frees the budget: after
     /// the next batch of the signer's requests, the runtime's drive of ready signers (about a
     /// second after room appears, [`store::ready_signers`]) or at the latest the recovery scan's
-    /// (the signer stays among the pending ones while it has requests waiting). A signer at the
-    /// budget costs a drive two reads and no call to the node.
+    /// (the signer stays among the pending ones while it has requests waiting). At the budget
+    /// by PostgreSQL's states, the chain's latest nonce is asked once, and only the nonces at or
+    /// above it count (a receipt not yet recorded must not stall allocation); a signer still at
+    /// the budget then costs a drive three reads and that one call.
     async fn allocate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
         let lease = ctx.lease;
-        let in_flight = store::in_flight(ctx.pool, lease.key())
+        let mut in_flight = store::in_flight(ctx.pool, lease.key())
             .await
             .map_err(|e| HandlerError::transient("in flight", e))?;
         let max_in_flight = self.config.max_in_flight;
-        let room = decide::within_budget(usize::MAX, in_flight, max_in_flight);
+        let mut room = decide::within_budget(usize::MAX, in_flight, max_in_flight);
+        if room == 0 {
+            // Full by PostgreSQL's states; the budget is of nonces the chain has not used, and a
+            // transaction mined whose receipt is not recorded yet (the receipt checker behind or
+            // down) still counts there. Ask the chain before waiting: one call, only at the budget.
+            let latest = self
+                .chain
+                .latest_nonce(signer_address(lease)?)
+                .await
+                .map_err(|e| HandlerError::classified("latest nonce", e))?;
+            let latest = decide::chain_nonce(latest)
+                .map_err(|e| HandlerError::fail("NONCE_OUT_OF_RANGE", e.to_string()))?;
+            in_flight = store::in_flight_from(ctx.pool, lease.key(), latest)
+                .await
+                .map_err(|e| HandlerError::transient("in flight", e))?;
+            room = decide::within_budget(usize::MAX, in_flight, max_in_flight);
+        }
         // At the budget one row is still read: whether anything waits, for the report.
         let limit = i64::try_from(room.max(1)).unwrap_or(decide::MAX_ALLOCATIONS_PER_DRIVE);
         let rows = store::rows_limited(

@@ -413,6 +413,26 @@ pub async fn in_flight(pool: &PgPool, key: &LeaseKey) -> Result<i64, sqlx::Error
     .await
 }
 
+/// The signer's nonces in flight that the chain has not used yet: those of [`in_flight`] at or
+/// above `latest` (the chain's latest nonce). What [`in_flight`] counts by state alone includes
+/// transactions mined whose receipt is not recorded yet (the receipt checker behind or down).
+pub async fn in_flight_from(
+    pool: &PgPool,
+    key: &LeaseKey,
+    latest: i64,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM managed_tx
+         WHERE chain_id = $1 AND signer = $2 AND {} AND nonce >= $3",
+        txstore::state_in("state", &IN_FLIGHT)
+    ))
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(latest)
+    .fetch_one(pool)
+    .await
+}
+
 /// The signer's transactions in PENDING_APPROVAL for longer than `timeout` (`approval.timeout`),
 /// oldest first, by the database clock: `updated_at` is the time of the move to
 /// PENDING_APPROVAL, since nothing else writes a row in that state (a hold is a RECEIVED
