@@ -24,6 +24,7 @@ use txflow_core::events::{TxCommand, TxCommandKind, TxRequest};
 use txflow_core::kafka::{Topics, ensure_topics, signer_key};
 use txflow_core::lease::LeaseConfig;
 use txflow_core::role::Role;
+use txflow_core::stage::StageConfig;
 use txflow_signer_gateway::Keys;
 
 use crate::fault_proxy::{FaultProxy, Rule};
@@ -227,10 +228,24 @@ impl Pipeline {
 
     /// The broadcaster in this process.
     pub async fn start_broadcaster(&mut self, config: &Config) {
+        self.start_broadcaster_with(config, |_| {}).await;
+    }
+
+    /// The broadcaster in this process, its stage settings as `customize` leaves them.
+    pub async fn start_broadcaster_with(
+        &mut self,
+        config: &Config,
+        customize: impl FnOnce(&mut StageConfig),
+    ) {
         let deps = Self::deps(config, 1).await;
-        let b = txflow_broadcaster::runtime(&deps, NodeId::named("bcast-1"), Self::lease())
-            .await
-            .expect("broadcaster");
+        let b = txflow_broadcaster::runtime_with(
+            &deps,
+            NodeId::named("bcast-1"),
+            Self::lease(),
+            customize,
+        )
+        .await
+        .expect("broadcaster");
         let t = self.shutdown.clone();
         self.tasks.push(tokio::spawn(async move {
             b.run(t).await.expect("broadcaster runs")

@@ -9,7 +9,8 @@
 //! never the code's own counters.
 //!
 //! 1. A permanent refusal fails the transaction (SEND_REJECTED) and releases its nonce.
-//! 2. A retryable refusal changes nothing; a later drive submits.
+//! 2. A retryable refusal changes nothing; a later drive submits. A send that fails for now (an
+//!    RPC error, an unknown answer) is sent again within the drive, later nonces after it.
 //! 3. Insufficient funds holds the signer and fails nothing; a later drive submits and clears it.
 //! 4. "nonce too low" for a transaction the chain does not know: REPLACED when the chain's nonce
 //!    is past ours, undecided (still SIGNED) when it is not.
@@ -29,7 +30,7 @@ use std::time::Duration;
 use alloy::primitives::{Address, B256, Bytes, U256};
 use alloy::signers::local::PrivateKeySigner;
 use serde_json::Value;
-use txflow_broadcaster::{BroadcastStage, BroadcasterConfig};
+use txflow_broadcaster::{BroadcastStage, BroadcasterConfig, decide};
 use txflow_core::chain::{SendOutcome, UnsignedTx, sign};
 use txflow_core::domain::{ChainId, NodeId, Signer, TxPayload};
 use txflow_core::kafka::{Topics, signer_key};
@@ -515,6 +516,56 @@ async fn a_retryable_refusal_changes_nothing_and_a_later_drive_submits() {
     assert!(t.recycled().await.is_empty(), "nothing recycled");
 }
 
+/// 2b. A send that fails for now — an RPC error (every round of the client failed), an answer no
+///     one knows — is sent again within the same drive after a short pause, and the later nonce
+///     only once the first is taken: one drive submits both. A send that keeps failing stops the
+///     drive after a bounded number of tries, nothing recorded and nothing sent behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_that_fails_for_now_is_sent_again_within_the_drive_in_nonce_order() {
+    let t = Tier::new().await;
+    let first = t.seed_signed(0).await;
+    let second = t.seed_signed(1).await;
+    // The first send fails on the transport, the second is answered with a wording no one
+    // knows; the third is taken. The second transaction's first send fails on the transport.
+    t.chain.fail_next("send_raw", 1);
+    t.chain.script_send(SendOutcome::Unknown {
+        reason: "-32000: upstream relay hiccup".into(),
+    });
+
+    let outputs = t.drive_ok().await;
+
+    assert_eq!(
+        t.chain.calls("send_raw"),
+        4,
+        "the first transaction was sent three times, the second once, in one drive"
+    );
+    assert_eq!(t.received(&second), 1, "the second was sent once");
+    for s in [&first, &second] {
+        assert_eq!(t.state(s).await, "SUBMITTED", "nonce {}", s.nonce);
+        assert!(t.pooled(s), "the chain's pool holds nonce {}", s.nonce);
+    }
+    assert_eq!(outputs.len(), 4, "TxSubmitted and its copy, for each");
+
+    // A send that keeps failing: the drive gives up after its tries, nothing sent behind it.
+    let t = Tier::new().await;
+    let first = t.seed_signed(0).await;
+    let second = t.seed_signed(1).await;
+    t.chain.fail_next("send_raw", 100);
+    let before = t.snapshot().await;
+
+    let outputs = t.drive_ok().await;
+
+    assert!(outputs.is_empty(), "nothing announced");
+    assert_eq!(
+        t.chain.calls("send_raw"),
+        1 + u64::from(decide::SEND_RETRIES),
+        "sent once, then again at each pause of the backoff"
+    );
+    assert_eq!(t.snapshot().await, before, "PostgreSQL unchanged");
+    assert_eq!(t.received(&first) + t.received(&second), 0);
+    assert_eq!(t.state(&second).await, "SIGNED");
+}
+
 /// 3. Insufficient funds holds the signer (a `signer_holds` row of the broadcaster) and fails
 ///    nothing; once the node accepts, the next drive submits and the hold is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -726,7 +777,10 @@ async fn a_hold_clears_only_when_the_node_took_a_send() {
         let held = t.hold_since().await;
 
         match case {
-            SendUnavailable => t.chain.fail_next("send_raw", 1),
+            // Every send of the drive fails (the first and each one sent again after it).
+            SendUnavailable => t
+                .chain
+                .fail_next("send_raw", 1 + decide::SEND_RETRIES as usize),
             RetryableRefusal => t.chain.script_send(SendOutcome::Rejected {
                 retryable: true,
                 reason: "-32603: replacement transaction underpriced".into(),

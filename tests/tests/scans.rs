@@ -689,6 +689,13 @@ async fn probes(pool: &PgPool, notices: &Notices) -> Vec<Probe> {
         gateway::undone(pool, &key(Role::SignerGateway, UNDONE)),
         |r: Vec<gateway::UndoneRow>| ids(r.iter().map(|u| u.tx_id))
     );
+    probe!(
+        out,
+        notices,
+        "signer gateway bump_candidates",
+        gateway::bump_candidates(pool, &key(Role::SignerGateway, BROADCASTER)),
+        |r: Vec<gateway::BumpRow>| ids(r.iter().map(|b| b.tx_id))
+    );
     let b = key(Role::Broadcaster, BROADCASTER);
     probe!(
         out,
@@ -760,7 +767,10 @@ fn expected(live: &Live) -> Vec<(String, Vec<String>)> {
     });
     let pending = [
         ("allocator pending_signers", s(&[ALLOCATOR, RECYCLED])),
-        ("signer gateway pending_signers", s(&[GATEWAY, UNDONE])),
+        (
+            "signer gateway pending_signers",
+            s(&[GATEWAY, UNDONE, BROADCASTER]),
+        ),
         ("broadcaster pending_signers", s(&[BROADCASTER, CANCELLING])),
         ("receipt checker pending_signers", s(&[BROADCASTER])),
         (
@@ -792,6 +802,7 @@ fn expected(live: &Live) -> Vec<(String, Vec<String>)> {
         ("allocator released_nonces", vec!["1".to_string()]),
         ("signer gateway allocated", ids([live.allocated])),
         ("signer gateway undone", ids([live.undone])),
+        ("signer gateway bump_candidates", ids([live.submitted])),
         ("broadcaster signed_rows", ids([live.signed])),
         ("broadcaster due_resubmissions", ids([live.submitted])),
         ("broadcaster due_cancellations", ids([live.cancelled])),

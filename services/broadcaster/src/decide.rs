@@ -7,7 +7,11 @@
 //!   proof, and [`IntoSent`], what that makes of the send;
 //! - [`split_due`] and [`classify_resend`]: the resubmission of submitted, unmined transactions;
 //! - [`nonce_consumed`] and [`classify_cancellation`]: the defensive cancellation of a nonce after a
-//!   deep reorg (seed 000 §4.4).
+//!   deep reorg (seed 000 §4.4);
+//! - [`send_again`] and [`send_backoff`]: a send that failed for now, sent again within the
+//!   drive after a short bounded backoff.
+
+use std::time::Duration;
 
 use txflow_core::chain::SendOutcome;
 use txflow_core::events::SubmitOutcome;
@@ -123,6 +127,61 @@ impl IntoSent for NonceTooLow {
             NonceTooLow::Undecided => Sent::Undecided,
         }
     }
+}
+
+/// Fee wordings among the node's "not now" refusals: a send refused for its fees is not sent
+/// again within the drive (the fees do not change in a second; a bump does), the others are.
+const FEE_REFUSALS: [&str; 5] = [
+    "underpriced",
+    "fee too low",
+    "base fee",
+    "gas price below",
+    "could not replace",
+];
+
+/// Whether a send answered `outcome` is sent again within the drive, after
+/// [`send_backoff`]: an answer that says the endpoint is busy or flaky ("rate limit", "timeout",
+/// "txpool is full"…) or that is unknown (the node may have taken it: the same bytes sent again
+/// are answered "already known" or "nonce too low", which settle it). Never an answer that
+/// decides (accepted, already known, refused for good, "nonce too low", "insufficient funds"),
+/// nor a refusal for the fees, which waits for the recovery scan and the gas bump as before.
+pub fn send_again(outcome: &SendOutcome) -> bool {
+    match outcome {
+        SendOutcome::Unknown { .. } => true,
+        SendOutcome::Rejected {
+            retryable: true,
+            reason,
+        } => {
+            let reason = reason.to_lowercase();
+            !FEE_REFUSALS.iter().any(|w| reason.contains(w))
+        }
+        SendOutcome::Accepted
+        | SendOutcome::PossiblySent { .. }
+        | SendOutcome::NonceTooLow { .. }
+        | SendOutcome::InsufficientFunds { .. }
+        | SendOutcome::Rejected {
+            retryable: false, ..
+        } => false,
+    }
+}
+
+/// The pauses between the sends of one SIGNED transaction within a drive: 100 ms, doubling.
+pub const SEND_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+/// How many times one transaction is sent again within a drive (the last pause 1.6 s, all of
+/// them 3.1 s: well inside a lease, which the runtime renews during the drive anyway).
+pub const SEND_RETRIES: u32 = 5;
+
+/// The pause before the next send of a transaction whose `failures` sends (1 or more) of this
+/// drive failed for now ([`send_again`], or an RPC error that is transient), or `None`: the drive
+/// stops there, the transaction stays SIGNED with its nonce and the recovery scan sends it again.
+/// A flaky endpoint (one send in a few failing, after the client's own rounds) then costs a
+/// pause, not a recovery interval per failure; a dead one stops the drive after a bounded
+/// while, later nonces never sent before this one.
+pub fn send_backoff(failures: u32) -> Option<Duration> {
+    if failures == 0 || failures > SEND_RETRIES {
+        return None;
+    }
+    Some(SEND_BACKOFF_FIRST.saturating_mul(1 << (failures - 1)))
 }
 
 /// Due resubmissions, split by the chain's latest nonce.
@@ -639,6 +698,78 @@ mod tests {
         ];
         for (outcome, want) in answers {
             assert_eq!(classify_cancellation(outcome.clone()), want, "{outcome:?}");
+        }
+    }
+    #[test]
+    fn a_send_that_failed_for_now_is_sent_again_a_few_times_doubling_the_pause() {
+        let ms = Duration::from_millis;
+        let pauses: Vec<Option<Duration>> = (0..=7).map(send_backoff).collect();
+        assert_eq!(
+            pauses,
+            vec![
+                None,
+                Some(ms(100)),
+                Some(ms(200)),
+                Some(ms(400)),
+                Some(ms(800)),
+                Some(ms(1600)),
+                None,
+                None
+            ]
+        );
+        assert_eq!(send_backoff(u32::MAX), None);
+        // Every pause of one transaction together stays well inside a lease.
+        let total: Duration = (1..=SEND_RETRIES).filter_map(send_backoff).sum();
+        assert_eq!(total, ms(3100));
+        assert!(total * 3 < txflow_core::lease::LeaseConfig::default().duration);
+    }
+
+    #[test]
+    fn only_answers_about_the_endpoint_or_unknown_ones_are_sent_again_within_the_drive() {
+        let again = |retryable: bool, reason: &str| {
+            send_again(&SendOutcome::Rejected {
+                retryable,
+                reason: r(reason),
+            })
+        };
+        for reason in [
+            "rate limit reached, retry later",
+            "Too Many Requests",
+            "request timed out",
+            "node is syncing",
+            "txpool is full",
+        ] {
+            assert!(again(true, reason), "{reason}");
+        }
+        for reason in [
+            "replacement transaction underpriced",
+            "FEE_TOO_LOW: fee too low",
+            "max fee per gas less than block base fee",
+            "Gas price below current base fee",
+            "NOT_REPLACED: could not replace existing tx",
+        ] {
+            assert!(
+                !again(true, reason),
+                "a fee refusal waits for a bump: {reason}"
+            );
+        }
+        assert!(!again(false, "invalid sender"), "refused for good");
+        assert!(send_again(&SendOutcome::Unknown {
+            reason: r("upstream relay hiccup")
+        }));
+        for decided in [
+            SendOutcome::Accepted,
+            SendOutcome::PossiblySent {
+                reason: r("already known"),
+            },
+            SendOutcome::NonceTooLow {
+                reason: r("nonce too low"),
+            },
+            SendOutcome::InsufficientFunds {
+                reason: r("insufficient funds"),
+            },
+        ] {
+            assert!(!send_again(&decided), "{decided:?} decides");
         }
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use alloy::primitives::{Address, B256};
 use sqlx::PgPool;
-use txflow_core::chain::{ChainClient, ChainError};
+use txflow_core::chain::{ChainClient, ChainError, SendOutcome};
 use txflow_core::codec::Subjects;
 use txflow_core::domain::{ChainId, Signer};
 use txflow_core::events::{TxFailed, TxReplaced, TxSigned, TxSubmitted};
@@ -117,8 +117,9 @@ enum Emit {
 impl BroadcastStage {
     /// Sends the signer's SIGNED transactions in nonce order, outside any transaction, and records
     /// what the node said; stops at the first one that must wait (later nonces would only queue
-    /// behind it). Holds the signer on "insufficient funds"; returns the outputs and what the
-    /// sends said about the funds.
+    /// behind it), once a send that failed for now was sent again a few times within the drive
+    /// ([`Self::send_with_backoff`]). Holds the signer on "insufficient funds"; returns the
+    /// outputs and what the sends said about the funds.
     async fn send_signed(&self, ctx: &DriveCtx<'_>) -> Result<(Vec<Output>, Funds), HandlerError> {
         let key = ctx.lease.key();
         let signed = store::signed_rows(ctx.pool, key)
@@ -131,7 +132,7 @@ impl BroadcastStage {
         let mut recorded = Vec::new();
         for row in signed {
             let nonce = row.nonce;
-            let answer = match self.chain.send_raw(&row.raw_tx).await {
+            let answer = match self.send_with_backoff(ctx, &row).await {
                 Ok(outcome) => decide::classify_send(outcome),
                 Err(e) => {
                     tracing::warn!(signer = %key.signer, nonce, error = %e, transient = e.is_transient(), "sending failed");
@@ -173,6 +174,41 @@ impl BroadcastStage {
         }
         txflow_core::fault::point(txflow_core::fault::AFTER_CALL);
         Ok((self.record_sends(ctx, recorded).await?, funds))
+    }
+
+    /// Sends `row`, and sends it again within the drive while the send fails for now
+    /// ([`decide::send_again`], or a transient RPC error: every round of the client over the
+    /// endpoints failed), after the pauses of [`decide::send_backoff`]; the last answer or error.
+    /// Nothing later is sent meanwhile, so nonce order holds. The pauses are awaited in the drive:
+    /// a drive dropped (lease lost, runtime stopped) drops them too.
+    async fn send_with_backoff(
+        &self,
+        ctx: &DriveCtx<'_>,
+        row: &SignedRow,
+    ) -> Result<SendOutcome, ChainError> {
+        let mut failures: u32 = 0;
+        loop {
+            let result = self.chain.send_raw(&row.raw_tx).await;
+            let again = match &result {
+                Ok(outcome) => decide::send_again(outcome),
+                Err(e) => e.is_transient(),
+            };
+            failures = failures.saturating_add(1);
+            let pause = match decide::send_backoff(failures) {
+                Some(pause) if again => pause,
+                _ => return result,
+            };
+            let signer = &ctx.lease.key().signer;
+            match &result {
+                Ok(outcome) => {
+                    tracing::info!(%signer, nonce = row.nonce, ?outcome, failures, pause_ms = pause.as_millis() as u64, "the node did not take the transaction for now: sent again within the drive")
+                }
+                Err(e) => {
+                    tracing::info!(%signer, nonce = row.nonce, error = %e, failures, pause_ms = pause.as_millis() as u64, "sending failed: sent again within the drive")
+                }
+            }
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// "nonce too low": gathers what the chain says of whose nonce it is, and

@@ -1,8 +1,10 @@
 //! The broadcaster role: SIGNED → SUBMITTED. The signed payload persisted by the signer gateway is
 //! sent outside any transaction (the intent is already committed), the node's answer classified
 //! (accepted / possibly sent / rejected retryable / permanent), and the submission recorded,
-//! fenced. A transaction still SIGNED is sent again by the recovery scan; sending the same raw
-//! transaction twice is harmless (the node answers "already known").
+//! fenced. A send that fails for now is sent again within the drive, after a short bounded
+//! backoff ([`decide::send_backoff`]); a transaction still SIGNED after that is sent again by the
+//! recovery scan. Sending the same raw transaction twice is harmless (the node answers "already
+//! known").
 //!
 //! "nonce too low" is ours (possibly sent) when the chain knows one of the transaction's hashes,
 //! and REPLACED when it does not and the chain's nonce is past ours (the signer was used outside
@@ -42,8 +44,20 @@ pub async fn runtime(
     node: NodeId,
     lease: LeaseConfig,
 ) -> Result<StageRuntime<BroadcastStage>, RoleError> {
+    runtime_with(deps, node, lease, |_| {}).await
+}
+
+/// [`runtime`] with the stage settings as `customize` leaves them (a test's recovery interval,
+/// say).
+pub async fn runtime_with(
+    deps: &Deps,
+    node: NodeId,
+    lease: LeaseConfig,
+    customize: impl FnOnce(&mut StageConfig),
+) -> Result<StageRuntime<BroadcastStage>, RoleError> {
     let config = &deps.config;
-    let sc = StageConfig::for_pipeline(config, "broadcaster", lease);
+    let mut sc = StageConfig::for_pipeline(config, "broadcaster", lease);
+    customize(&mut sc);
     let stage = BroadcastStage::new(BroadcasterConfig::from_config(config), deps.chain.clone());
     deps.stage_runtime(stage, node, sc)
 }

@@ -61,6 +61,14 @@ pub struct Config {
     /// `TXFLOW_RESUBMIT_INTERVAL_MS`: a submitted transaction not mined after this long is sent
     /// again (the node may have dropped it).
     pub resubmit_interval_ms: u64,
+    /// `resubmit.bump_after_ms` (`TXFLOW_BUMP_AFTER_MS`, default 60000): a submitted transaction
+    /// at the head of its signer's queue (the chain's nonce is its own) whose latest attempt has
+    /// waited this long is signed again at the same nonce with higher fees (a gas bump).
+    pub bump_after_ms: u64,
+    /// `resubmit.bump_percent` (`TXFLOW_BUMP_PERCENT`, default 10, at least 10): by how much a gas
+    /// bump raises both EIP-1559 caps at least; 10 is geth's replacement minimum, below it a
+    /// node refuses the replacement as underpriced.
+    pub bump_percent: u32,
     /// `nonce.state_timeout` (`TXFLOW_NONCE_STATE_TIMEOUT_MS`, default 30000): the allocator
     /// aligns a signer's nonce cursor with the chain's pending nonce when the cursor was last
     /// aligned longer ago than this.
@@ -93,9 +101,10 @@ pub struct Config {
     /// the transaction's own included, make it final (CONFIRMED, TxConfirmed).
     pub confirmations_required: u32,
     /// `fees.max_fee_per_gas` (`TXFLOW_MAX_FEE_PER_GAS_WEI`, default 10^12 = 1,000 gwei): the most
-    /// txflow offers per gas (both EIP-1559 caps) for a transaction it prices on its own — today
-    /// the defensive cancellation after a deep reorg, whose fees are raised well above the
-    /// original's and the market's.
+    /// txflow offers per gas (both EIP-1559 caps) for a transaction it prices on its own — the
+    /// defensive cancellation after a deep reorg, whose fees are raised well above the original's
+    /// and the market's, and the gas bumps of stuck transactions (at it: the critical alert
+    /// `gas_bump_at_cap`, and the latest attempt resent unraised).
     pub max_fee_per_gas_wei: u128,
     /// `TXFLOW_LOG` (`log.filter`, default `info`): a `tracing` filter (`info`,
     /// `txflow_core=debug,info`, …); one that does not parse falls back to `info`.
@@ -139,6 +148,8 @@ impl std::fmt::Debug for Config {
                 &self.signer_keystore_password_file,
             )
             .field("resubmit_interval_ms", &self.resubmit_interval_ms)
+            .field("bump_after_ms", &self.bump_after_ms)
+            .field("bump_percent", &self.bump_percent)
             .field("nonce_state_timeout_ms", &self.nonce_state_timeout_ms)
             .field("max_in_flight", &self.max_in_flight)
             .field("approval_timeout_ms", &self.approval_timeout_ms)
@@ -277,6 +288,12 @@ impl Classify for ConfigError {
 /// most 0.021 ETH).
 pub const DEFAULT_MAX_FEE_PER_GAS_WEI: u128 = 1_000_000_000_000;
 
+/// The default of `resubmit.bump_after_ms`: a minute at the head of the queue.
+pub const DEFAULT_BUMP_AFTER_MS: u64 = 60_000;
+
+/// The default, and the least, of `resubmit.bump_percent`: geth's replacement minimum.
+pub const DEFAULT_BUMP_PERCENT: u32 = 10;
+
 /// The default of `nonce.max_in_flight`: 64 unmined nonces per signer, a few blocks' worth of a
 /// busy signer, which a stalled chain does not grow past (seed 003's `max_inflight`).
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
@@ -309,6 +326,8 @@ impl Default for Config {
             signer_keystore: None,
             signer_keystore_password_file: None,
             resubmit_interval_ms: 15_000,
+            bump_after_ms: DEFAULT_BUMP_AFTER_MS,
+            bump_percent: DEFAULT_BUMP_PERCENT,
             nonce_state_timeout_ms: 30_000,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             approval_timeout_ms: DEFAULT_APPROVAL_TIMEOUT_MS,
@@ -561,6 +580,30 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = lookup("TXFLOW_BUMP_AFTER_MS") {
+            c.bump_after_ms = match v.parse::<u64>() {
+                Ok(n) if n >= 100 => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_BUMP_AFTER_MS",
+                        value: v,
+                        why: "expected milliseconds, at least 100",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_BUMP_PERCENT") {
+            c.bump_percent = match v.parse::<u32>() {
+                Ok(n) if (DEFAULT_BUMP_PERCENT..=1000).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_BUMP_PERCENT",
+                        value: v,
+                        why: "expected a percentage between 10 (the replacement minimum) and 1000",
+                    });
+                }
+            };
+        }
         if let Some(v) = lookup("TXFLOW_NONCE_STATE_TIMEOUT_MS") {
             c.nonce_state_timeout_ms = match v.parse::<u64>() {
                 Ok(n) if n <= 86_400_000 => n,
@@ -739,6 +782,31 @@ mod tests {
         assert_eq!(cap("50000000000"), Some(50_000_000_000));
         for bad in ["0", "-1", "1.5", "1000000000000000001", "lots"] {
             assert!(cap(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn gas_bumps_follow_the_environment_and_never_go_below_the_replacement_minimum() {
+        let d = Config::default();
+        assert_eq!((d.bump_after_ms, d.bump_percent), (60_000, 10));
+        let c = Config::from_lookup(|k| match k {
+            "TXFLOW_BUMP_AFTER_MS" => Some("5000".into()),
+            "TXFLOW_BUMP_PERCENT" => Some("25".into()),
+            _ => None,
+        })
+        .expect("valid");
+        assert_eq!((c.bump_after_ms, c.bump_percent), (5000, 25));
+        for (var, bad) in [
+            ("TXFLOW_BUMP_AFTER_MS", "99"),
+            ("TXFLOW_BUMP_AFTER_MS", "soon"),
+            ("TXFLOW_BUMP_PERCENT", "9"),
+            ("TXFLOW_BUMP_PERCENT", "0"),
+            ("TXFLOW_BUMP_PERCENT", "1001"),
+            ("TXFLOW_BUMP_PERCENT", "10.5"),
+        ] {
+            let err =
+                Config::from_lookup(|k| (k == var).then(|| bad.to_string())).expect_err("refused");
+            assert!(err.to_string().contains(var), "{var}={bad}: {err}");
         }
     }
 

@@ -57,6 +57,8 @@ pub const KEYS: &[(&str, &str)] = &[
     ("nonce.state_timeout_ms", "TXFLOW_NONCE_STATE_TIMEOUT_MS"),
     ("nonce.max_in_flight", "TXFLOW_MAX_IN_FLIGHT"),
     ("resubmit.interval_ms", "TXFLOW_RESUBMIT_INTERVAL_MS"),
+    ("resubmit.bump_after_ms", "TXFLOW_BUMP_AFTER_MS"),
+    ("resubmit.bump_percent", "TXFLOW_BUMP_PERCENT"),
     ("confirmations.required", "TXFLOW_CONFIRMATIONS_REQUIRED"),
     ("confirmations.receipt_workers", "TXFLOW_RECEIPT_WORKERS"),
     (
@@ -183,6 +185,8 @@ pub struct ApprovalSection {
 #[serde(deny_unknown_fields, default)]
 pub struct ResubmitSection {
     pub interval_ms: Option<u64>,
+    pub bump_after_ms: Option<u64>,
+    pub bump_percent: Option<u32>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -292,7 +296,7 @@ impl ConfigFile {
             p.to_string_lossy().into_owned()
         }
         let s = self;
-        let values: [(&'static str, Option<String>); 33] = [
+        let values: [(&'static str, Option<String>); 35] = [
             ("TXFLOW_DATABASE_URL", s.database.url.clone()),
             ("TXFLOW_BROKERS", s.kafka.brokers.clone()),
             (
@@ -376,6 +380,14 @@ impl ConfigFile {
             (
                 "TXFLOW_RESUBMIT_INTERVAL_MS",
                 s.resubmit.interval_ms.map(|v| v.to_string()),
+            ),
+            (
+                "TXFLOW_BUMP_AFTER_MS",
+                s.resubmit.bump_after_ms.map(|v| v.to_string()),
+            ),
+            (
+                "TXFLOW_BUMP_PERCENT",
+                s.resubmit.bump_percent.map(|v| v.to_string()),
             ),
             (
                 "TXFLOW_CONFIRMATIONS_REQUIRED",
@@ -468,6 +480,8 @@ impl ConfigFile {
             signer_keystore,
             signer_keystore_password_file,
             resubmit_interval_ms,
+            bump_after_ms,
+            bump_percent,
             nonce_state_timeout_ms,
             max_in_flight,
             approval_timeout_ms,
@@ -534,6 +548,8 @@ impl ConfigFile {
             },
             resubmit: ResubmitSection {
                 interval_ms: Some(*resubmit_interval_ms),
+                bump_after_ms: Some(*bump_after_ms),
+                bump_percent: Some(*bump_percent),
             },
             confirmations: ConfirmationsSection {
                 required: Some(*confirmations_required),

@@ -140,7 +140,17 @@ fn bind_fence_as<'q, T>(
         .bind(l.token.0)
 }
 
-const SET_IDLE_TIMEOUT: &str = "SELECT set_config('idle_in_transaction_session_timeout', $1, true)";
+/// Run at the start of every fenced transaction (one round trip, settings local to it): the idle
+/// timeout ([`idle_timeout_ms`]), and custom plans for its statements. The batch statements of `txstore` join
+/// `unnest`ed arrays to `managed_tx`; a prepared statement's generic plan (PostgreSQL's choice from
+/// the sixth execution on) assumes 10 array elements whatever the batch and keeps the plan it
+/// made with the statistics of that moment: with statistics older than a signer's last few
+/// thousand rows it joined every `managed_tx` row of the batch to a rescan of the whole array, and
+/// read the signer's rows through its request index, so a batch of 500 cost 80 ms and grew with
+/// the signer's history (`txflow bench --scenario allocate`: 5,800 → 2,300 nonces/s over three
+/// runs of 20,000 before, steady after). A custom plan sees the batch's size and is made anew.
+const SET_IDLE_TIMEOUT: &str = "SELECT set_config('idle_in_transaction_session_timeout', $1, true),
+            set_config('plan_cache_mode', 'force_custom_plan', true)";
 
 /// Twice the lease duration, in milliseconds: how long a fenced transaction may sit idle before
 /// PostgreSQL ends its session.

@@ -1110,3 +1110,278 @@ mod cancellation_tests {
         );
     }
 }
+
+// ---- Gas bumps (issue 16 point 1, seed 003) ----
+//
+// A SUBMITTED transaction that the chain does not take — its nonce has waited at the head of the
+// signer's queue for `resubmit.bump_after_ms`, or the base fee rose above its max fee — is signed
+// again at the same nonce with both caps raised (attempt n+1); the broadcaster sends the latest
+// attempt, and a receipt for any attempt settles the transaction.
+
+/// A SUBMITTED transaction with its latest attempt, as the recovery scan reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending {
+    pub nonce: i64,
+    /// The latest attempt's number and caps.
+    pub attempt: i32,
+    pub caps: Caps,
+    /// How long the latest attempt has been recorded, by the database clock.
+    pub waited_ms: u64,
+}
+
+/// Why a transaction is bumped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BumpReason {
+    /// The chain's nonce is the transaction's own (it is the next to be mined) and its latest
+    /// attempt has waited `resubmit.bump_after_ms`.
+    Stalled,
+    /// The base fee is above the latest attempt's max fee: no block can include it.
+    BaseFee,
+}
+
+impl BumpReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BumpReason::Stalled => "stalled",
+            BumpReason::BaseFee => "base_fee",
+        }
+    }
+}
+
+/// Whether `p` is due for a bump, given the signer's chain nonce (mined transactions) and the
+/// current base fee, each `None` when the node did not answer. A transaction whose nonce the chain
+/// has consumed is never bumped (its receipt settles it); one behind another unmined nonce is not
+/// stalled on its own account (the head is bumped), but is bumped when the base fee passes its
+/// max fee, since it would not be mined once the head is.
+pub fn bump_due(
+    p: &Pending,
+    chain_nonce: Option<u64>,
+    base_fee: Option<u128>,
+    bump_after_ms: u64,
+) -> Option<BumpReason> {
+    let nonce = u64::try_from(p.nonce).ok()?;
+    if chain_nonce.is_some_and(|n| n > nonce) {
+        return None;
+    }
+    if base_fee.is_some_and(|b| b > p.caps.max_fee) {
+        return Some(BumpReason::BaseFee);
+    }
+    if chain_nonce == Some(nonce) && p.waited_ms >= bump_after_ms {
+        return Some(BumpReason::Stalled);
+    }
+    None
+}
+
+/// The base fee inside the market's estimate of [`txflow_core::chain::ChainClient::fees`], which
+/// is alloy's default: a max fee of twice the next block's base fee plus the tip.
+pub fn base_fee_of(market: Caps) -> u128 {
+    market.max_fee.saturating_sub(market.tip) / 2
+}
+
+/// `x` raised by `percent`, rounded up, saturating.
+pub fn raised(x: u128, percent: u32) -> u128 {
+    let p = u128::from(percent);
+    let raise = (x / 100)
+        .saturating_mul(p)
+        .saturating_add(((x % 100) * p).div_ceil(100));
+    x.saturating_add(raise)
+}
+
+/// The caps of attempt n+1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BumpFees {
+    /// Sign attempt n+1 with `caps`: both at least `percent` above attempt n's. `capped`:
+    /// `fees.max_fee_per_gas` kept them below what the market asks.
+    Raise { caps: Caps, capped: bool },
+    /// `fees.max_fee_per_gas` leaves no room for a replacement a node would take (both caps
+    /// `percent` above attempt n's): no new attempt; the latest one is sent again as it is, and
+    /// the operator is alerted.
+    AtCap,
+}
+
+/// The bump rule: both caps of attempt n+1 at least `percent` above attempt n's (rounded up), and
+/// the market's (`eth_feeHistory`) where higher; the max fee at least the tip; never above `cap`
+/// (`fees.max_fee_per_gas`). When the cap keeps either below the replacement minimum: [`AtCap`].
+///
+/// [`AtCap`]: BumpFees::AtCap
+pub fn bump_fees(prev: Caps, market: Option<Caps>, percent: u32, cap: u128) -> BumpFees {
+    let least = Caps {
+        max_fee: raised(prev.max_fee, percent),
+        tip: raised(prev.tip, percent),
+    };
+    let tip = least.tip.max(market.map_or(0, |m| m.tip));
+    let max_fee = least.max_fee.max(market.map_or(0, |m| m.max_fee)).max(tip);
+    let caps = Caps {
+        max_fee: max_fee.min(cap),
+        tip: tip.min(max_fee.min(cap)),
+    };
+    if caps.max_fee < least.max_fee || caps.tip < least.tip {
+        return BumpFees::AtCap;
+    }
+    BumpFees::Raise {
+        caps,
+        capped: caps.max_fee < max_fee || caps.tip < tip,
+    }
+}
+
+#[cfg(test)]
+mod bump_tests {
+    use super::*;
+
+    const GWEI: u128 = 1_000_000_000;
+
+    fn caps(max_fee: u128, tip: u128) -> Caps {
+        Caps { max_fee, tip }
+    }
+
+    #[test]
+    fn raised_rounds_up_and_saturates() {
+        // (x, percent, x raised)
+        let cases = [
+            (0, 10, 0),
+            (1, 10, 2),
+            (9, 10, 10),
+            (10, 10, 11),
+            (100, 10, 110),
+            (101, 10, 112),
+            (2 * GWEI, 10, 2_200_000_000),
+            (2 * GWEI + 1, 10, 2_200_000_002),
+            (1_000, 25, 1_250),
+            (u128::MAX, 10, u128::MAX),
+            (u128::MAX - 5, 1000, u128::MAX),
+        ];
+        for (x, p, want) in cases {
+            assert_eq!(raised(x, p), want, "{x} + {p}%");
+        }
+    }
+
+    #[test]
+    fn bump_raises_both_caps_by_the_percent_at_least() {
+        let cap = 1_000 * GWEI;
+        // (attempt n, market, percent) → attempt n+1
+        let cases = [
+            // A quiet market: +10% each, rounded up.
+            (
+                caps(2 * GWEI, 1_000),
+                Some(caps(GWEI, 1)),
+                10,
+                caps(2_200_000_000, 1_100),
+            ),
+            // A market above both: the market's.
+            (
+                caps(2 * GWEI, 1_000),
+                Some(caps(30 * GWEI, 2 * GWEI)),
+                10,
+                caps(30 * GWEI, 2 * GWEI),
+            ),
+            // A market whose max fee is higher but whose tip is not: the tip +10%.
+            (
+                caps(2 * GWEI, GWEI),
+                Some(caps(10 * GWEI, 1)),
+                10,
+                caps(10 * GWEI, 1_100_000_000),
+            ),
+            // No market answer: +percent from attempt n alone.
+            (caps(3, 3), None, 10, caps(4, 4)),
+            (caps(1_000, 100), None, 50, caps(1_500, 150)),
+            // A tip above the max fee after the raise is kept under it.
+            (caps(10, 10), Some(caps(5, 20)), 10, caps(20, 20)),
+        ];
+        for (prev, market, percent, want) in cases {
+            let BumpFees::Raise { caps: got, capped } = bump_fees(prev, market, percent, cap)
+            else {
+                panic!("{prev:?} {market:?}: at the cap");
+            };
+            assert_eq!(got, want, "{prev:?} {market:?} {percent}%");
+            assert!(!capped);
+            // The replacement rule of a node, whatever the market said.
+            assert!(got.max_fee * 100 >= prev.max_fee * (100 + u128::from(percent)));
+            assert!(got.tip * 100 >= prev.tip * (100 + u128::from(percent)));
+            assert!(got.tip <= got.max_fee);
+        }
+    }
+
+    #[test]
+    fn bump_is_clamped_to_the_cap_and_stops_there() {
+        let cap = 100 * GWEI;
+        // The market asks more than the cap but the +10% fits: raised to the cap, capped.
+        assert_eq!(
+            bump_fees(caps(50 * GWEI, GWEI), Some(caps(500 * GWEI, GWEI)), 10, cap),
+            BumpFees::Raise {
+                caps: caps(cap, 1_100_000_000),
+                capped: true
+            }
+        );
+        // +10% passes the cap: no raise.
+        assert_eq!(
+            bump_fees(caps(95 * GWEI, GWEI), None, 10, cap),
+            BumpFees::AtCap
+        );
+        // Already at the cap: no raise, however high the market.
+        assert_eq!(
+            bump_fees(caps(cap, GWEI), Some(caps(500 * GWEI, 2 * GWEI)), 10, cap),
+            BumpFees::AtCap
+        );
+        // The tip cannot rise 10% under the cap either.
+        assert_eq!(
+            bump_fees(caps(cap / 2, cap - 1), None, 10, cap),
+            BumpFees::AtCap
+        );
+    }
+
+    #[test]
+    fn a_bump_is_due_when_the_head_waits_or_the_base_fee_passes_the_max_fee() {
+        let p = |nonce, max_fee, waited_ms| Pending {
+            nonce,
+            attempt: 1,
+            caps: caps(max_fee, 1),
+            waited_ms,
+        };
+        let after = 60_000;
+        // (pending, chain nonce, base fee) → due
+        let cases = [
+            // The head of the queue, waited long enough: stalled.
+            (
+                p(5, 100, after),
+                Some(5),
+                Some(10),
+                Some(BumpReason::Stalled),
+            ),
+            (
+                p(5, 100, after + 1),
+                Some(5),
+                None,
+                Some(BumpReason::Stalled),
+            ),
+            // Not yet.
+            (p(5, 100, after - 1), Some(5), Some(10), None),
+            // Behind another unmined nonce: not stalled on its own account.
+            (p(6, 100, 10 * after), Some(5), Some(10), None),
+            // The base fee above the max fee: at once, head or not.
+            (p(6, 100, 0), Some(5), Some(101), Some(BumpReason::BaseFee)),
+            (p(5, 100, 0), Some(5), Some(101), Some(BumpReason::BaseFee)),
+            (p(5, 100, 0), None, Some(101), Some(BumpReason::BaseFee)),
+            // A base fee equal to the max fee still fits.
+            (p(5, 100, 0), Some(5), Some(100), None),
+            // Mined (the chain's nonce is past it): never.
+            (p(5, 100, 10 * after), Some(6), Some(1_000), None),
+            // Unknown chain nonce and base fee: nothing to go on.
+            (p(5, 100, 10 * after), None, None, None),
+            // A negative nonce is not a transaction to bump.
+            (p(-1, 100, 10 * after), Some(0), Some(1_000), None),
+        ];
+        for (pending, chain_nonce, base_fee, want) in cases {
+            assert_eq!(
+                bump_due(&pending, chain_nonce, base_fee, after),
+                want,
+                "{pending:?} chain nonce {chain_nonce:?} base fee {base_fee:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_base_fee_is_read_back_from_the_estimate() {
+        assert_eq!(base_fee_of(caps(2 * 7 + 3, 3)), 7);
+        assert_eq!(base_fee_of(caps(3, 5)), 0);
+    }
+}

@@ -20,8 +20,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use txflow_core::chain::{ChainClient, SignedTx, UnsignedTx};
 use txflow_core::codec::Subjects;
-use txflow_core::config::DEFAULT_MAX_FEE_PER_GAS_WEI;
-use txflow_core::domain::{ChainId, Signer};
+use txflow_core::config::{
+    DEFAULT_BUMP_AFTER_MS, DEFAULT_BUMP_PERCENT, DEFAULT_MAX_FEE_PER_GAS_WEI,
+};
+use txflow_core::domain::{ChainId, Signer, TxPayload};
 use txflow_core::events::{TxAllocated, TxFailed, TxSigned};
 use txflow_core::failure::{FailureCode, truncate_reason};
 use txflow_core::fenced::Fenced;
@@ -50,12 +52,30 @@ type Asked = HashMap<(ChainId, Signer), HashMap<Uuid, TxRow>>;
 pub struct SignStage {
     pub config: SignerConfig,
     pub keys: Keys,
-    /// How the defensive cancellations after a deep reorg are priced.
+    /// How the defensive cancellations after a deep reorg, and the gas bumps, are priced.
     cancellations: CancelPricing,
+    /// When a sent transaction is bumped, and by how much.
+    bumps: BumpSettings,
     /// What the drive right after a batch signs: the rows its messages asked for. A hint only:
     /// the drive decides again on each row and records only what PostgreSQL still holds as read,
     /// and the recovery scan signs every ALLOCATED row whatever is here.
     asked: Mutex<Asked>,
+}
+
+/// `resubmit.bump_after_ms` and `resubmit.bump_percent`.
+#[derive(Debug, Clone, Copy)]
+pub struct BumpSettings {
+    pub after_ms: u64,
+    pub percent: u32,
+}
+
+impl Default for BumpSettings {
+    fn default() -> BumpSettings {
+        BumpSettings {
+            after_ms: DEFAULT_BUMP_AFTER_MS,
+            percent: DEFAULT_BUMP_PERCENT,
+        }
+    }
 }
 
 /// What prices a defensive cancellation besides the original attempt's caps: the market's fees
@@ -76,6 +96,7 @@ impl SignStage {
                 chain: None,
                 max_fee_per_gas: DEFAULT_MAX_FEE_PER_GAS_WEI,
             },
+            bumps: BumpSettings::default(),
             asked: Mutex::new(HashMap::new()),
         }
     }
@@ -91,6 +112,14 @@ impl SignStage {
             chain: Some(chain),
             max_fee_per_gas,
         };
+        self
+    }
+
+    /// Bumps stuck transactions with `bumps` (`resubmit.bump_after_ms`, `resubmit.bump_percent`);
+    /// a bump needs the chain of [`SignStage::with_cancellations`] (its nonce, its fees): without
+    /// one, nothing is bumped.
+    pub fn with_bumps(mut self, bumps: BumpSettings) -> SignStage {
+        self.bumps = bumps;
         self
     }
 
@@ -125,6 +154,7 @@ impl std::fmt::Debug for SignStage {
             .field("config", &self.config)
             .field("keys", &self.keys)
             .field("max_fee_per_gas", &self.cancellations.max_fee_per_gas)
+            .field("bumps", &self.bumps)
             .finish_non_exhaustive()
     }
 }
@@ -278,6 +308,15 @@ impl Handler for SignStage {
                     signer = %ctx.lease.key().signer,
                     error = %chain(&e),
                     "the defensive cancellations could not be signed or recorded: the next recovery scan tries again"
+                ),
+            }
+            match self.bump_stuck(&ctx).await {
+                Ok(()) => {}
+                Err(e @ HandlerError::LeaseLost(_)) => return Err(e),
+                Err(e) => tracing::warn!(
+                    signer = %ctx.lease.key().signer,
+                    error = %chain(&e),
+                    "the gas bumps could not be signed or recorded: the next recovery scan tries again"
                 ),
             }
         }
@@ -613,6 +652,195 @@ impl SignStage {
                     "fees.max_fee_per_gas keeps the cancellation below the replacement price of the original: a node holding the original keeps it"
                 );
             }
+        }
+        Ok(())
+    }
+}
+
+/// The stable event name of a gas bump signed and recorded (WARN).
+pub const GAS_BUMPED: &str = "gas_bumped";
+
+/// The stable event name of the critical alert raised when a stuck transaction cannot be bumped
+/// because `fees.max_fee_per_gas` leaves no room for a replacement: its latest attempt is sent
+/// again as it is.
+pub const GAS_BUMP_AT_CAP: &str = "gas_bump_at_cap";
+
+/// The stable event name of the critical alert raised when a stuck transaction cannot be bumped
+/// for another reason (no key, a payload or fees that do not parse, the key refused).
+pub const GAS_BUMP_UNSIGNED: &str = "gas_bump_unsigned";
+
+impl SignStage {
+    /// Gas bumps (issue 16 point 1, seed 003), on the recovery scan: each SUBMITTED transaction
+    /// of the signer that [`decide::bump_due`] finds stuck (at the head of the queue for
+    /// `resubmit.bump_after_ms`, or priced under the base fee) is signed again at its nonce as
+    /// attempt n+1 with the caps of [`decide::bump_fees`], with no transaction open, then recorded
+    /// fenced (`store::record_bumps`) while attempt n is still its latest. The broadcaster sends
+    /// the latest attempt; a receipt for any attempt settles the transaction. The policy is not
+    /// asked again: only the fees change, within `fees.max_fee_per_gas`.
+    async fn bump_stuck(&self, ctx: &DriveCtx<'_>) -> Result<(), HandlerError> {
+        let Some(node) = &self.cancellations.chain else {
+            return Ok(());
+        };
+        let lease_key = ctx.lease.key();
+        let rows = store::bump_candidates(ctx.pool, lease_key)
+            .await
+            .map_err(|e| HandlerError::transient("list submitted transactions", e))?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let alert = |tx_id: Uuid, nonce: Option<i64>, reason: &str| {
+            tracing::error!(
+                target: "txflow::alert",
+                event = GAS_BUMP_UNSIGNED,
+                alert = true,
+                chain_id = lease_key.chain_id.0,
+                signer = %lease_key.signer,
+                %tx_id,
+                nonce,
+                reason,
+                "a stuck transaction cannot be bumped: its latest attempt is sent again as it is"
+            );
+        };
+        let address = txflow_core::stage::handler::signer_address(lease_key)
+            .map_err(|e| HandlerError::classified("signer address", e))?;
+        let chain_nonce = match node.latest_nonce(address).await {
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::warn!(signer = %lease_key.signer, error = %chain(&e), "the chain's nonce is unknown: only the base fee decides a bump");
+                None
+            }
+        };
+        let market = match node.fees().await {
+            Ok((max_fee, tip)) => Some(decide::Caps { max_fee, tip }),
+            Err(e) => {
+                tracing::warn!(signer = %lease_key.signer, error = %chain(&e), "the market's fees are unknown: bumps are priced from the attempts alone");
+                None
+            }
+        };
+        let base_fee = market.map(decide::base_fee_of);
+        let mut todo = Vec::new();
+        for row in &rows {
+            let Some(p) = row.read() else {
+                alert(
+                    row.tx_id,
+                    row.nonce,
+                    "its nonce or its latest attempt's fees do not parse",
+                );
+                continue;
+            };
+            let Some(why) = decide::bump_due(&p, chain_nonce, base_fee, self.bumps.after_ms) else {
+                continue;
+            };
+            match decide::bump_fees(
+                p.caps,
+                market,
+                self.bumps.percent,
+                self.cancellations.max_fee_per_gas,
+            ) {
+                decide::BumpFees::AtCap => tracing::error!(
+                    target: "txflow::alert",
+                    event = GAS_BUMP_AT_CAP,
+                    alert = true,
+                    chain_id = lease_key.chain_id.0,
+                    signer = %lease_key.signer,
+                    tx_id = %row.tx_id,
+                    nonce = p.nonce,
+                    attempt = p.attempt,
+                    reason = why.as_str(),
+                    max_fee_per_gas = %p.caps.max_fee,
+                    max_priority_fee_per_gas = %p.caps.tip,
+                    base_fee = ?base_fee,
+                    cap = %self.cancellations.max_fee_per_gas,
+                    "a stuck transaction is at fees.max_fee_per_gas: not raised again, its latest attempt is sent again as it is"
+                ),
+                decide::BumpFees::Raise { caps, capped } => {
+                    todo.push((row, p, why, caps, capped));
+                }
+            }
+        }
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let Some(key) = self.keys.get(&lease_key.signer).cloned() else {
+            for (row, p, ..) in &todo {
+                alert(row.tx_id, Some(p.nonce), "no signing key for the signer");
+            }
+            return Ok(());
+        };
+
+        // Sign, with no transaction open.
+        let mut signed = Vec::new();
+        for (row, p, why, caps, capped) in todo {
+            let tx = serde_json::from_value::<TxPayload>(row.payload.clone())
+                .map_err(|_| "payload")
+                .and_then(|payload| decide::unsigned_tx(lease_key.chain_id.0, p.nonce, &payload));
+            let mut tx = match tx {
+                Ok(tx) => tx,
+                Err(field) => {
+                    alert(
+                        row.tx_id,
+                        Some(p.nonce),
+                        &format!("its {field} is not valid"),
+                    );
+                    continue;
+                }
+            };
+            tx.max_fee_per_gas = caps.max_fee;
+            tx.max_priority_fee_per_gas = caps.tip;
+            match key.sign(&tx).await {
+                Ok(s) => signed.push((row, p, why, caps, capped, s)),
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(signer = %lease_key.signer, nonce = p.nonce, error = %chain(&e), "the signer is unavailable; the next recovery scan signs the bump");
+                }
+                Err(e) => alert(row.tx_id, Some(p.nonce), &chain(&e)),
+            }
+        }
+        if signed.is_empty() {
+            return Ok(());
+        }
+
+        // Record, fenced.
+        let bumps: Vec<store::Bump> = signed
+            .iter()
+            .map(|(row, p, _, caps, _, s)| store::Bump {
+                tx_id: row.tx_id,
+                nonce: p.nonce,
+                attempt: p.attempt.saturating_add(1),
+                tx_hash: format!("{:#x}", s.hash),
+                raw_tx: s.raw.clone(),
+                caps: *caps,
+            })
+            .collect();
+        let mut tx = ctx.lease.begin(ctx.pool).await?;
+        let recorded = {
+            let mut w = tx.writer();
+            store::record_bumps(&mut w, &bumps).await?
+        };
+        if recorded.is_empty() {
+            tx.rollback().await?;
+            return Ok(());
+        }
+        tx.commit().await?;
+        for (row, p, why, caps, capped, s) in
+            signed.iter().filter(|t| recorded.contains(&t.0.tx_id))
+        {
+            tracing::warn!(
+                target: "txflow::bump",
+                event = GAS_BUMPED,
+                chain_id = lease_key.chain_id.0,
+                signer = %lease_key.signer,
+                tx_id = %row.tx_id,
+                nonce = p.nonce,
+                attempt = p.attempt.saturating_add(1),
+                reason = why.as_str(),
+                tx_hash = %format!("{:#x}", s.hash),
+                max_fee_per_gas = %caps.max_fee,
+                max_priority_fee_per_gas = %caps.tip,
+                previous_max_fee_per_gas = %p.caps.max_fee,
+                previous_max_priority_fee_per_gas = %p.caps.tip,
+                capped,
+                "gas bump signed: the broadcaster sends the new attempt"
+            );
         }
         Ok(())
     }

@@ -26,7 +26,14 @@
 //! `tx_cancellations`, fenced; the broadcaster sends it. Logged as `reorg_cancellation_signed`;
 //! one that cannot be signed is the critical alert `reorg_cancellation_unsigned`.
 //!
-//! Not built yet: bumped attempts (issue #6).
+//! Gas bumps (seed 003) are signed here for the same reason: the recovery scan looks at the
+//! signer's SUBMITTED transactions, and one whose nonce has waited at the head of the queue for
+//! `resubmit.bump_after_ms`, or whose max fee the base fee has passed, is signed again at its nonce
+//! as attempt n+1 with both caps raised by at least `resubmit.bump_percent` (and to the market's,
+//! within `fees.max_fee_per_gas`), recorded in `tx_attempts`, fenced, due to be sent at once; the
+//! broadcaster's resubmission sends the latest attempt. Logged as `gas_bumped`; a transaction the
+//! cap keeps from being raised is the critical alert `gas_bump_at_cap` (its latest attempt is
+//! still sent again).
 //!
 //! The files, as in every stage: `config` (settings), `handler` (route → load → decide → persist
 //! → outputs), `decide` (pure decisions, table-tested), `store` (the SQL, one function per
@@ -39,7 +46,7 @@ pub mod keys;
 pub mod store;
 
 pub use config::SignerConfig;
-pub use handler::SignStage;
+pub use handler::{BumpSettings, SignStage};
 pub use keys::{KeyError, Keys, SigningError, TxSigner};
 
 use tokio_util::sync::CancellationToken;
@@ -59,7 +66,11 @@ pub async fn runtime(
     let config = &deps.config;
     let sc = StageConfig::for_pipeline(config, "signer-gateway", lease);
     let stage = SignStage::new(SignerConfig::from_config(config)?, keys)
-        .with_cancellations(deps.chain.clone(), config.max_fee_per_gas_wei);
+        .with_cancellations(deps.chain.clone(), config.max_fee_per_gas_wei)
+        .with_bumps(BumpSettings {
+            after_ms: config.bump_after_ms,
+            percent: config.bump_percent,
+        });
     deps.stage_runtime(stage, node, sc)
 }
 

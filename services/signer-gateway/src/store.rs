@@ -262,13 +262,20 @@ pub async fn allocated(pool: &PgPool, key: &LeaseKey) -> Result<Vec<TxRow>, Stor
     Ok(txstore::rows_in_states(pool, key.chain_id, &key.signer, &DRIVEN, true, SCAN_LIMIT).await?)
 }
 
-/// Signers of `chain_id` with transactions waiting for a signature, or with a transaction a deep
-/// reorg undid whose nonce has no defensive cancellation yet.
+/// Signers of `chain_id` with transactions waiting for a signature, with sent transactions that
+/// may need a gas bump, or with a transaction a deep reorg undid whose nonce has no defensive
+/// cancellation yet.
 pub async fn pending_signers(
     pool: &PgPool,
     chain_id: ChainId,
 ) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
     let mut signers = txstore::signers_in_states(pool, chain_id, &DRIVEN).await?;
+    // Signers with sent, unmined transactions: the scan decides whether one needs a gas bump.
+    for key in txstore::signers_in_states(pool, chain_id, &BUMPABLE).await? {
+        if !signers.contains(&key) {
+            signers.push(key);
+        }
+    }
     let undone: Vec<(i64, String)> = sqlx::query_as(
         "SELECT DISTINCT m.chain_id, m.signer FROM managed_tx m
          WHERE m.chain_id = $1 AND m.reorged_at IS NOT NULL AND m.mined_block_number IS NULL
@@ -428,4 +435,131 @@ pub async fn record_cancellations(
         return Err(w.fenced("record cancellations").into());
     }
     Ok(out.into_iter().filter_map(|(n,)| n).collect())
+}
+
+// ---- Gas bumps (issue 16 point 1; no migration: attempt n+1 is a tx_attempts row) ----
+
+/// The states whose latest attempt a gas bump replaces: sent, not mined.
+pub const BUMPABLE: [TxState; 1] = [TxState::Submitted];
+
+/// How many SUBMITTED transactions of a signer one recovery scan looks at for a bump, in nonce
+/// order (the head of the queue first).
+pub const BUMP_LIMIT: i64 = 100;
+
+/// A SUBMITTED transaction and its latest attempt, as read for a bump.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct BumpRow {
+    pub tx_id: Uuid,
+    pub nonce: Option<i64>,
+    pub payload: serde_json::Value,
+    pub attempt: i32,
+    /// The latest attempt's caps, decimal wei.
+    pub max_fee: String,
+    pub tip: String,
+    /// How long ago the latest attempt was recorded, by the database clock.
+    pub waited_ms: i64,
+}
+
+impl BumpRow {
+    /// The row for the decision; `None` for a nonce or fees that do not parse (the caller
+    /// reports it).
+    pub fn read(&self) -> Option<crate::decide::Pending> {
+        Some(crate::decide::Pending {
+            nonce: self.nonce?,
+            attempt: self.attempt,
+            caps: Caps {
+                max_fee: self.max_fee.parse().ok()?,
+                tip: self.tip.parse().ok()?,
+            },
+            waited_ms: u64::try_from(self.waited_ms).unwrap_or(0),
+        })
+    }
+}
+
+/// The signer's SUBMITTED transactions with their latest attempt, in nonce order, at most
+/// [`BUMP_LIMIT`], outside any transaction (what a bump is decided on; no transaction is open
+/// while it is signed).
+pub async fn bump_candidates(pool: &PgPool, key: &LeaseKey) -> Result<Vec<BumpRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT m.tx_id, m.nonce, m.payload, a.attempt, a.max_fee_per_gas::text AS max_fee,
+                a.max_priority_fee_per_gas::text AS tip,
+                (extract(epoch FROM clock_timestamp() - a.created_at) * 1000)::bigint AS waited_ms
+         FROM managed_tx m
+         JOIN LATERAL (SELECT attempt, max_fee_per_gas, max_priority_fee_per_gas, created_at
+                       FROM tx_attempts WHERE tx_id = m.tx_id
+                       ORDER BY attempt DESC LIMIT 1) a ON true
+         WHERE m.chain_id = $1 AND m.signer = $2 AND {}
+         ORDER BY m.nonce LIMIT $3",
+        txstore::state_in("m.state", &BUMPABLE)
+    ))
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(BUMP_LIMIT)
+    .fetch_all(pool)
+    .await
+}
+
+/// A signed attempt n+1 to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bump {
+    pub tx_id: Uuid,
+    pub nonce: i64,
+    /// The attempt number n+1: recorded only while attempt n is still the latest.
+    pub attempt: i32,
+    pub tx_hash: String,
+    pub raw_tx: Vec<u8>,
+    pub caps: Caps,
+}
+
+/// Records signed bumps, fenced, in the caller's transaction: each attempt n+1 only if its
+/// transaction is still SUBMITTED at that nonce and attempt n is still its latest (a bump signed
+/// twice, by a drive whose recording was fenced and the next owner's, is recorded once). The new
+/// attempt is due to be sent at once (`next_resubmit_at`): the broadcaster's resubmission sends
+/// the latest attempt. Returns the transactions recorded; `Fenced` when the lease is not current.
+pub async fn record_bumps(w: &mut Fenced<'_>, rows: &[Bump]) -> Result<HashSet<Uuid>, StoreError> {
+    if rows.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.tx_id).collect();
+    let nonces: Vec<i64> = rows.iter().map(|r| r.nonce).collect();
+    let attempts: Vec<i32> = rows.iter().map(|r| r.attempt).collect();
+    let hashes: Vec<&str> = rows.iter().map(|r| r.tx_hash.as_str()).collect();
+    let raws: Vec<&[u8]> = rows.iter().map(|r| r.raw_tx.as_slice()).collect();
+    let max_fees: Vec<String> = rows.iter().map(|r| r.caps.max_fee.to_string()).collect();
+    let tips: Vec<String> = rows.iter().map(|r| r.caps.tip.to_string()).collect();
+    let sql = format!(
+        "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
+         recorded AS (
+             INSERT INTO tx_attempts (tx_id, attempt, tx_hash, raw_tx, max_fee_per_gas,
+                                      max_priority_fee_per_gas, next_resubmit_at)
+             SELECT u.tx_id, u.attempt, u.tx_hash, u.raw_tx, u.max_fee::numeric, u.tip::numeric,
+                    clock_timestamp()
+             FROM unnest($6::uuid[], $7::bigint[], $8::int[], $9::text[], $10::bytea[],
+                         $11::text[], $12::text[])
+                  AS u(tx_id, nonce, attempt, tx_hash, raw_tx, max_fee, tip)
+             JOIN managed_tx m ON m.tx_id = u.tx_id AND m.chain_id = $2 AND m.signer = $3
+                              AND m.nonce = u.nonce
+             WHERE m.state = ANY($13)
+               AND u.attempt = 1 + (SELECT max(a.attempt) FROM tx_attempts a WHERE a.tx_id = u.tx_id)
+               AND EXISTS (SELECT 1 FROM fence_ok)
+             ON CONFLICT DO NOTHING
+             RETURNING tx_id)
+         SELECT tx_id FROM recorded UNION ALL SELECT NULL FROM fence_ok"
+    );
+    let out: Vec<(Option<Uuid>,)> = w
+        .fetch_all("record bumps", &sql, |q| {
+            q.bind(ids)
+                .bind(nonces)
+                .bind(attempts)
+                .bind(hashes)
+                .bind(raws)
+                .bind(max_fees)
+                .bind(tips)
+                .bind(txstore::names(&BUMPABLE))
+        })
+        .await?;
+    if !out.iter().any(|(id,)| id.is_none()) {
+        return Err(w.fenced("record bumps").into());
+    }
+    Ok(out.into_iter().filter_map(|(id,)| id).collect())
 }
