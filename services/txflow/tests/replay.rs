@@ -78,9 +78,17 @@ impl Drop for Reader {
 
 /// `txflow replay ARGS` on `p`'s topics with the group prefix `prefix`: (success, stdout, stderr).
 async fn replay(p: &Pipeline, prefix: &str, args: &[&str]) -> (bool, String, String) {
+    // A generous wait for each broker answer unless the call sets its own: the local broker
+    // under a full test run answered a metadata request after more than the default 10 s once.
+    let timeout: &[&str] = if args.contains(&"--timeout-ms") {
+        &[]
+    } else {
+        &["--timeout-ms", "60000"]
+    };
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_txflow"))
         .arg("replay")
         .args(args)
+        .args(timeout)
         .envs(p.env())
         .env("TXFLOW_GROUP_PREFIX", prefix)
         .env("TXFLOW_LOG", "warn")
