@@ -7,6 +7,12 @@
 //! - `--scenario anvil`: the chain alone — the same transactions (same signers × requests, same
 //!   calldata markers) signed here and sent straight to the RPC endpoint, to put the pipeline's
 //!   figures next to what the chain takes without txflow.
+//! - `--compare` (pipeline): both against the same node, the chain alone first, with their ratio
+//!   and the CPU seconds of txflow, the broker, the node and PostgreSQL over each (`bench_cpu.rs`).
+//! - `--rate N` (pipeline): an open loop offering N requests per second, each on its schedule
+//!   whatever the earlier ones are doing, latency counted from the scheduled time.
+//! - `--scenario allocate`: one hot signer's nonce allocation through the allocator's handler
+//!   against PostgreSQL (`bench_alloc.rs`).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -17,7 +23,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use txflow_core::config::Config;
 use txflow_core::kafka::{delete_topics, ensure_topics};
 
-use crate::local::BlockNudge;
+use crate::bench_cpu::{CpuProbe, CpuUse};
+use crate::local::{BlockNudge, LocalPipeline};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -26,18 +33,25 @@ pub struct BenchArgs {
     /// Signers (pipeline, stage).
     #[arg(long, default_value_t = 1)]
     signers: u32,
-    /// Requests per signer (pipeline).
+    /// Requests per signer (pipeline; allocate: of its one signer).
     #[arg(long, default_value_t = 100)]
     txs: u32,
     /// Messages to send (broker-hop, stage).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     messages: u32,
-    /// Largest batch the stage runtime takes (stage); 1 = one message per transaction.
+    /// Largest batch the stage runtime takes (stage, allocate); 1 = one message per transaction.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
     batch_max: u32,
-    /// Messages per second, 0 for as fast as possible (broker-hop; stage latency phase).
-    #[arg(long, default_value_t = 2_000)]
-    rate: u32,
+    /// Messages per second, 0 for as fast as possible (broker-hop, default 2000; stage latency
+    /// phase). Pipeline, allocate: requests offered per second, steadily (an open loop; without
+    /// it all are sent at once).
+    #[arg(long)]
+    rate: Option<u32>,
+    /// Measure the chain alone first (as `--scenario anvil`, fresh signers), then the pipeline
+    /// with as many signers and requests, against the same node; report both and their ratio
+    /// (pipeline).
+    #[arg(long)]
+    compare: bool,
     /// Payload size in bytes (broker-hop).
     #[arg(long, default_value_t = 256)]
     size: usize,
@@ -81,20 +95,36 @@ enum Scenario {
     Stage,
     /// Signed transactions straight to the chain's RPC endpoint, no txflow in between.
     Anvil,
+    /// One hot signer: `--txs` requests through the allocator's handler and PostgreSQL (no
+    /// Kafka, a stub node) in batches of `--batch-max`; nonces per second, checked gap-free.
+    Allocate,
 }
 
+/// Messages per second of `broker-hop` and the stage bench's latency phase when `--rate` is not
+/// given.
+const DEFAULT_MESSAGE_RATE: u32 = 2_000;
+
 pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.compare || args.scenario == Scenario::Pipeline,
+        "--compare puts the pipeline next to the chain alone: use it with --scenario pipeline \
+         (the default)"
+    );
     match args.scenario {
+        Scenario::Pipeline if args.compare => compare(config, &args).await,
         Scenario::Pipeline => pipeline(config, &args).await,
         Scenario::BrokerHop => broker_hop(config, &args).await,
         Scenario::Anvil => anvil_raw(config, &args).await,
+        Scenario::Allocate => {
+            crate::bench_alloc::run(config, args.txs, args.batch_max, args.rate, args.json).await
+        }
         Scenario::Stage => {
             crate::bench_stage::run(
                 config,
                 args.messages,
                 args.signers,
                 args.batch_max,
-                args.rate,
+                args.rate.unwrap_or(DEFAULT_MESSAGE_RATE),
                 args.json,
             )
             .await
@@ -145,7 +175,7 @@ async fn broker_hop(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     tokio::time::timeout(Duration::from_secs(60), consumer.recv()).await??;
     let total = args.messages as usize;
     let size = args.size.max(8);
-    let rate = args.rate;
+    let rate = args.rate.unwrap_or(DEFAULT_MESSAGE_RATE);
     let sender = {
         let topic = topic.clone();
         tokio::spawn(async move {
@@ -243,8 +273,241 @@ async fn broker_hop(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
 /// calldata, until every one is mined — and with `--until confirmed` CONFIRMED — or the deadline
 /// passes.
 async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+    let run = run_pipeline(config, args).await?;
+    run.print();
+    if args.json {
+        println!("{}", run.json());
+    }
+    run.check()
+}
+
+/// `--compare`: the chain alone (as `--scenario anvil`, with fresh signers), then the pipeline with
+/// as many signers and requests, against the same node. One after the other, so that neither
+/// takes the machine from the other; both are reported, with their ratio.
+async fn compare(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+    eprintln!("bench compare 1/2: the chain alone");
+    let chain = run_anvil(config, args).await?;
+    chain.print();
+    // A ceiling with refused or unmined transactions is no ceiling: nothing to compare with.
+    chain.check()?;
+    eprintln!("bench compare 2/2: the pipeline");
+    let pipeline = run_pipeline(config, args).await?;
+    pipeline.print();
+    println!(
+        "pipeline / chain alone  {:.2}  ({:.0} / {:.0} tx/s)",
+        ratio(pipeline.tx_per_s(), chain.tx_per_s()),
+        pipeline.tx_per_s(),
+        chain.tx_per_s()
+    );
+    if args.json {
+        println!("{}", compare_report(pipeline.json(), &chain.json()));
+    }
+    pipeline.check()
+}
+
+/// The pipeline's throughput over the chain's own; NaN (`null` in JSON) without a ceiling.
+fn ratio(pipeline_tx_per_s: f64, chain_tx_per_s: f64) -> f64 {
+    if chain_tx_per_s > 0.0 && chain_tx_per_s.is_finite() {
+        pipeline_tx_per_s / chain_tx_per_s
+    } else {
+        f64::NAN
+    }
+}
+
+/// `--compare`'s JSON line: the pipeline's report with the chain-alone phase's figures beside it
+/// (`anvil_*`) and `ratio` = `tx_per_s` / `anvil_tx_per_s`.
+fn compare_report(pipeline: serde_json::Value, chain: &serde_json::Value) -> serde_json::Value {
+    let mut report = pipeline;
+    let ratio = ratio(
+        report["tx_per_s"].as_f64().unwrap_or(f64::NAN),
+        chain["tx_per_s"].as_f64().unwrap_or(f64::NAN),
+    );
+    if let Some(fields) = report.as_object_mut() {
+        fields.insert("scenario".into(), "compare".into());
+        for (ours, theirs) in [
+            ("anvil_tx_per_s", "tx_per_s"),
+            ("anvil_send_per_s", "send_per_s"),
+            ("anvil_seconds", "seconds"),
+            ("anvil_refused", "refused"),
+            ("anvil_mined", "mined"),
+            ("anvil_cpu_s", "cpu_s"),
+        ] {
+            fields.insert(ours.into(), chain[theirs].clone());
+        }
+        fields.insert("ratio".into(), ratio.into());
+    }
+    report
+}
+
+/// What one run of the pipeline measured (`--scenario pipeline`, the second phase of `--compare`).
+struct PipelineRun {
+    until: Until,
+    signers: usize,
+    txs: usize,
+    /// Distinct requests mined (a request mined twice counts once, and once in `duplicates`).
+    mined: usize,
+    duplicates: usize,
+    unmined: usize,
+    nonce_gaps: u64,
+    /// First send → last request mined.
+    elapsed: Duration,
+    /// Request → SUBMITTED, ms, sorted.
+    latencies: Vec<f64>,
+    /// The open loop's schedule as kept (`--rate`).
+    offered: Option<Offered>,
+    /// Over `elapsed`.
+    cpu: CpuUse,
+    /// `--until confirmed`.
+    confirmed: Option<ConfirmedRun>,
+    head: u64,
+    confirmations_required: u32,
+    deadline: Duration,
+}
+
+struct ConfirmedRun {
+    confirmed: u64,
+    /// First send → last request CONFIRMED.
+    elapsed: Duration,
+    /// Request → CONFIRMED, ms, sorted.
+    latencies: Vec<f64>,
+    blocks_mined: u64,
+}
+
+impl PipelineRun {
+    fn requests(&self) -> usize {
+        self.signers * self.txs
+    }
+
+    fn tx_per_s(&self) -> f64 {
+        self.mined as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn print(&self) {
+        let lat = &self.latencies;
+        println!("requests   {}", self.requests());
+        println!(
+            "mined      {} (duplicates {}, unmined {})",
+            self.mined, self.duplicates, self.unmined
+        );
+        println!("nonce gaps {}", self.nonce_gaps);
+        println!(
+            "time       {:.1} s  ({:.0} tx/s)",
+            self.elapsed.as_secs_f64(),
+            self.tx_per_s()
+        );
+        if let Some(o) = &self.offered {
+            println!(
+                "offered    {} at {}/s: {:.1}/s achieved (last sent {:.2} s after the start, at \
+                 most {:.0} ms behind its schedule)",
+                o.requests,
+                o.rate,
+                o.per_s(),
+                o.last_sent.as_secs_f64(),
+                o.max_lag.as_secs_f64() * 1000.0
+            );
+        }
+        println!(
+            "request -> SUBMITTED  p50 {:.0} ms  p95 {:.0} ms  p99 {:.0} ms",
+            percentile(lat, 0.5),
+            percentile(lat, 0.95),
+            percentile(lat, 0.99)
+        );
+        println!("{}", self.cpu.line());
+        if let Some(c) = &self.confirmed {
+            println!(
+                "confirmed  {} in {:.1} s ({} confirmations each; {} block(s) mined by the bench)",
+                c.confirmed,
+                c.elapsed.as_secs_f64(),
+                self.confirmations_required,
+                c.blocks_mined
+            );
+            println!(
+                "request -> CONFIRMED  p50 {:.0} ms  p95 {:.0} ms  p99 {:.0} ms",
+                percentile(&c.latencies, 0.5),
+                percentile(&c.latencies, 0.95),
+                percentile(&c.latencies, 0.99)
+            );
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let lat = &self.latencies;
+        let mut report = serde_json::json!({
+            "scenario": "pipeline",
+            "until": self.until.as_str(),
+            "signers": self.signers,
+            "txs_per_signer": self.txs,
+            "requests": self.requests(),
+            "mined": self.mined,
+            "duplicates": self.duplicates,
+            "unmined": self.unmined,
+            "nonce_gaps": self.nonce_gaps,
+            "seconds": self.elapsed.as_secs_f64(),
+            "tx_per_s": self.tx_per_s(),
+            "p50_ms": percentile(lat, 0.5),
+            "p95_ms": percentile(lat, 0.95),
+            "p99_ms": percentile(lat, 0.99),
+            "cpu_s": self.cpu.json(),
+        });
+        let Some(fields) = report.as_object_mut() else {
+            return report;
+        };
+        if let Some(o) = &self.offered {
+            fields.insert("rate".into(), o.rate.into());
+            fields.insert("offered_per_s".into(), o.per_s().into());
+            fields.insert("send_seconds".into(), o.last_sent.as_secs_f64().into());
+            fields.insert(
+                "send_lag_max_ms".into(),
+                (o.max_lag.as_secs_f64() * 1000.0).into(),
+            );
+        }
+        if let Some(c) = &self.confirmed {
+            fields.insert("confirmed".into(), c.confirmed.into());
+            fields.insert("confirm_seconds".into(), c.elapsed.as_secs_f64().into());
+            fields.insert(
+                "confirmations_required".into(),
+                self.confirmations_required.into(),
+            );
+            fields.insert("blocks_mined_by_bench".into(), c.blocks_mined.into());
+            for (field, q) in [
+                ("p50_confirm_ms", 0.5),
+                ("p95_confirm_ms", 0.95),
+                ("p99_confirm_ms", 0.99),
+            ] {
+                fields.insert(field.into(), percentile(&c.latencies, q).into());
+            }
+        }
+        report
+    }
+
+    /// Fails on a duplicate, and with `--until confirmed` on a request not CONFIRMED in time.
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.duplicates == 0,
+            "{} duplicate transaction(s) were mined",
+            self.duplicates
+        );
+        if let Some(c) = &self.confirmed
+            && c.confirmed < self.requests() as u64
+        {
+            anyhow::bail!(
+                "{}",
+                not_confirmed(
+                    "request",
+                    self.requests() as u64 - c.confirmed,
+                    self.deadline,
+                    self.head,
+                    self.confirmations_required,
+                    c.blocks_mined
+                )
+            );
+        }
+        Ok(())
+    }
+}
+
+async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<PipelineRun> {
     use alloy::providers::Provider;
-    use std::collections::HashMap;
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     let mut config = config.clone();
     config.topics =
@@ -252,12 +515,16 @@ async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     let (signers, txs) = (args.signers.max(1) as usize, args.txs.max(1) as usize);
     let total = signers * txs;
     let until = args.until;
+    let rate = args.rate.filter(|r| *r > 0);
     eprintln!(
-        "bench: {signers} signer(s) x {txs} request(s) = {total} until {}, topics {}.*",
+        "bench: {signers} signer(s) x {txs} request(s) = {total} until {}, {}, topics {}.*",
         until.as_str(),
+        rate.map_or("all sent at once".to_string(), |r| format!(
+            "offered at {r}/s"
+        )),
         config.topics.prefix
     );
-    let p = crate::local::LocalPipeline::start(config.clone(), signers).await?;
+    let p = LocalPipeline::start(config.clone(), signers).await?;
     let pool = txflow_core::db::connect(&config.database_url, 2).await?;
 
     let bar = indicatif::ProgressBar::new(total as u64);
@@ -307,39 +574,40 @@ async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
                     warm_for,
                     p.provider.get_block_number().await?,
                     config.confirmations_required,
-                    &blocks
+                    blocks.mined
                 )
             );
         }
     }
-    let warm = signers as u64;
-    let mut sent_at: HashMap<String, i64> = HashMap::with_capacity(total);
     let requests: Vec<_> = (0..txs)
         .flat_map(|j| (0..signers).map(move |i| (i, j)))
         .map(|(i, j)| p.request(i, &format!("{run}-{i}-{j}"), crate::local::SINK, "1"))
         .collect();
+    let probe = CpuProbe::new(
+        config.rpc_urls.first().map_or("", String::as_str),
+        &config.kafka.brokers,
+        &config.database_url,
+    );
+    let cpu_start = probe.sample();
     let started = Instant::now();
-    for chunk in requests.chunks(200) {
-        let now = chrono::Utc::now().timestamp_millis();
-        for r in chunk {
-            sent_at.insert(r.request_id.clone(), now);
-        }
-        for r in futures::future::join_all(chunk.iter().map(|r| p.send(r))).await {
-            r?;
-        }
-    }
+    let sent = send_requests(&p, &requests, rate, started).await?;
     bar.set_message(format!(
         "(all {total} sent in {:.1} s)",
         started.elapsed().as_secs_f64()
     ));
     let deadline = started + Duration::from_secs(args.deadline_secs);
-    let mut mined = 0;
-    while mined < total as u64 && Instant::now() < deadline {
-        mined = p.mined().await?.saturating_sub(warm);
-        bar.set_position(mined);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // Each signer's warm-up request holds its nonce 0: the run's take nonces 1..=txs.
+    let addresses: Vec<_> = p.signers.iter().map(|s| s.address()).collect();
+    wait_mined(
+        &p.provider,
+        &addresses,
+        (1, 1 + txs as u64),
+        deadline,
+        Some(&bar),
+    )
+    .await?;
     let elapsed = started.elapsed();
+    let cpu = cpu_start.until(&probe.sample());
     bar.finish();
 
     // Finality: after the last transaction the chain must go on making blocks for the
@@ -397,103 +665,165 @@ async fn pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         })
         .sum();
     let submitted = event_times(&pool, &run, "TxSubmitted").await?;
-    let lat = latencies(&submitted, &sent_at);
-    let tx_per_s = distinct as f64 / elapsed.as_secs_f64();
-    let confirm_lat = match confirmed {
-        Some(_) => latencies(&event_times(&pool, &run, "TxConfirmed").await?, &sent_at),
-        None => Vec::new(),
+    let confirmed = match confirmed {
+        Some((n, in_time)) => Some(ConfirmedRun {
+            confirmed: n,
+            elapsed: in_time,
+            latencies: latencies(&event_times(&pool, &run, "TxConfirmed").await?, &sent.at),
+            blocks_mined: blocks.mined,
+        }),
+        None => None,
     };
     let head = p.provider.get_block_number().await?;
     p.stop().await?;
     delete_topics(&config.kafka, &config.topics.all()).await?;
+    Ok(PipelineRun {
+        until,
+        signers,
+        txs,
+        mined: distinct,
+        duplicates,
+        unmined,
+        nonce_gaps,
+        elapsed,
+        latencies: latencies(&submitted, &sent.at),
+        offered: sent.offered,
+        cpu,
+        confirmed,
+        head,
+        confirmations_required: config.confirmations_required,
+        deadline: Duration::from_secs(args.deadline_secs),
+    })
+}
 
-    println!("requests   {total}");
-    println!("mined      {distinct} (duplicates {duplicates}, unmined {unmined})");
-    println!("nonce gaps {nonce_gaps}");
-    println!(
-        "time       {:.1} s  ({tx_per_s:.0} tx/s)",
-        elapsed.as_secs_f64()
-    );
-    println!(
-        "request -> SUBMITTED  p50 {:.0} ms  p95 {:.0} ms  p99 {:.0} ms",
-        percentile(&lat, 0.5),
-        percentile(&lat, 0.95),
-        percentile(&lat, 0.99)
-    );
-    if let Some((n, in_time)) = confirmed {
-        println!(
-            "confirmed  {n} in {:.1} s ({} confirmations each; {} block(s) mined by the bench)",
-            in_time.as_secs_f64(),
-            config.confirmations_required,
-            blocks.mined
-        );
-        println!(
-            "request -> CONFIRMED  p50 {:.0} ms  p95 {:.0} ms  p99 {:.0} ms",
-            percentile(&confirm_lat, 0.5),
-            percentile(&confirm_lat, 0.95),
-            percentile(&confirm_lat, 0.99)
-        );
+/// How the measured requests went out.
+struct Sent {
+    /// Each request's send time, ms since the epoch, by request id: when its chunk went out, or in
+    /// the open loop its scheduled time — so that a request the generator or the producer held
+    /// up counts that wait as latency rather than hiding it (coordinated omission).
+    at: std::collections::HashMap<String, i64>,
+    offered: Option<Offered>,
+}
+
+/// The open loop's schedule as it was kept.
+struct Offered {
+    /// Requests per second asked for.
+    rate: u32,
+    requests: usize,
+    /// From the start of the schedule to the last request's send.
+    last_sent: Duration,
+    /// The latest any request was sent after its scheduled time.
+    max_lag: Duration,
+}
+
+impl Offered {
+    /// Requests sent per second over the schedule: the first is due at 0, so `n` requests span
+    /// `n - 1` intervals. Never above `rate` (no request goes before its time); below it when the
+    /// generator fell behind. NaN (`null`) for a single request.
+    fn per_s(&self) -> f64 {
+        offered_per_s(self.requests, self.last_sent)
     }
-    if args.json {
-        let mut report = serde_json::json!({
-            "scenario": "pipeline",
-            "until": until.as_str(),
-            "signers": signers,
-            "txs_per_signer": txs,
-            "requests": total,
-            "mined": distinct,
-            "duplicates": duplicates,
-            "unmined": unmined,
-            "nonce_gaps": nonce_gaps,
-            "seconds": elapsed.as_secs_f64(),
-            "tx_per_s": tx_per_s,
-            "p50_ms": percentile(&lat, 0.5),
-            "p95_ms": percentile(&lat, 0.95),
-            "p99_ms": percentile(&lat, 0.99),
-        });
-        if let (Some((n, in_time)), Some(fields)) = (confirmed, report.as_object_mut()) {
-            fields.insert("confirmed".into(), n.into());
-            fields.insert("confirm_seconds".into(), in_time.as_secs_f64().into());
-            fields.insert(
-                "confirmations_required".into(),
-                config.confirmations_required.into(),
-            );
-            fields.insert("blocks_mined_by_bench".into(), blocks.mined.into());
-            fields.insert(
-                "p50_confirm_ms".into(),
-                percentile(&confirm_lat, 0.5).into(),
-            );
-            fields.insert(
-                "p95_confirm_ms".into(),
-                percentile(&confirm_lat, 0.95).into(),
-            );
-            fields.insert(
-                "p99_confirm_ms".into(),
-                percentile(&confirm_lat, 0.99).into(),
-            );
+}
+
+fn offered_per_s(requests: usize, last_sent: Duration) -> f64 {
+    if requests < 2 || last_sent.is_zero() {
+        return f64::NAN;
+    }
+    (requests - 1) as f64 / last_sent.as_secs_f64()
+}
+
+/// Hands `requests` to the broker. Without a rate: all at once, 200 acknowledgements awaited at a
+/// time (a closed loop: the burst's queueing is part of every latency). With one: request `k` at
+/// `started + k / rate`, each from a task of its own so that nothing earlier holds it up (an open
+/// loop). Returns once every request is acknowledged.
+async fn send_requests(
+    p: &LocalPipeline,
+    requests: &[txflow_core::events::TxRequest],
+    rate: Option<u32>,
+    started: Instant,
+) -> anyhow::Result<Sent> {
+    let mut at = std::collections::HashMap::with_capacity(requests.len());
+    let Some(rate) = rate else {
+        for chunk in requests.chunks(200) {
+            let now = chrono::Utc::now().timestamp_millis();
+            for r in chunk {
+                at.insert(r.request_id.clone(), now);
+            }
+            for r in futures::future::join_all(chunk.iter().map(|r| p.send(r))).await {
+                r?;
+            }
         }
-        println!("{report}");
+        return Ok(Sent { at, offered: None });
+    };
+    let epoch_ms = chrono::Utc::now().timestamp_millis();
+    let sender = p.sender();
+    let mut acks = Vec::with_capacity(requests.len());
+    let (mut last_sent, mut max_lag) = (Duration::ZERO, Duration::ZERO);
+    for (k, r) in requests.iter().enumerate() {
+        let due = Duration::from_secs_f64(k as f64 / f64::from(rate));
+        tokio::time::sleep_until((started + due).into()).await;
+        at.insert(r.request_id.clone(), epoch_ms + due.as_millis() as i64);
+        let (sender, r) = (sender.clone(), r.clone());
+        acks.push(tokio::spawn(async move { sender.send(&r).await }));
+        last_sent = started.elapsed();
+        max_lag = max_lag.max(last_sent.saturating_sub(due));
     }
-    anyhow::ensure!(
-        duplicates == 0,
-        "{duplicates} duplicate transaction(s) were mined"
-    );
-    if let Some((n, _)) = confirmed
-        && n < total as u64
-    {
-        anyhow::bail!(
-            "{}",
-            not_confirmed(
-                "request",
-                total as u64 - n,
-                Duration::from_secs(args.deadline_secs),
-                head,
-                config.confirmations_required,
-                &blocks
-            )
-        );
+    for ack in acks {
+        ack.await??;
     }
-    Ok(())
+    Ok(Sent {
+        at,
+        offered: Some(Offered {
+            rate,
+            requests: requests.len(),
+            last_sent,
+            max_lag,
+        }),
+    })
+}
+
+/// Waits until each of `signers` has a transaction count of `to` (its phase's transactions all
+/// mined, above the `from` it started with) or `deadline` passes; returns how many of the phase's
+/// transactions are mined. Counts are read only when the head has moved and only for signers not
+/// done yet: at 200 signers a poll of all of them every 50 ms would be thousands of calls a second
+/// on the node being measured.
+async fn wait_mined(
+    provider: &alloy::providers::DynProvider,
+    signers: &[alloy::primitives::Address],
+    (from, to): (u64, u64),
+    deadline: Instant,
+    bar: Option<&indicatif::ProgressBar>,
+) -> anyhow::Result<u64> {
+    use alloy::providers::Provider;
+    use futures::StreamExt;
+    let mut counts = vec![from; signers.len()];
+    let mut head = None;
+    loop {
+        let now = provider.get_block_number().await?;
+        if head != Some(now) {
+            head = Some(now);
+            let behind: Vec<usize> = (0..signers.len()).filter(|i| counts[*i] < to).collect();
+            let read: Vec<_> = futures::stream::iter(behind)
+                .map(|i| async move {
+                    let n = provider.get_transaction_count(signers[i]).latest().await;
+                    (i, n)
+                })
+                .buffer_unordered(16)
+                .collect()
+                .await;
+            for (i, n) in read {
+                counts[i] = counts[i].max(n?.min(to));
+            }
+        }
+        let mined: u64 = counts.iter().map(|c| c - from).sum();
+        if let Some(bar) = bar {
+            bar.set_position(mined);
+        }
+        if counts.iter().all(|c| *c >= to) || Instant::now() >= deadline {
+            return Ok(mined);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Which of the run's requests a query counts: the warm-up ones or the measured ones.
@@ -603,14 +933,13 @@ fn not_confirmed(
     waited: Duration,
     head: u64,
     required: u32,
-    blocks: &BlockNudge,
+    blocks_mined: u64,
 ) -> String {
     format!(
         "{missing} {what}(s) not CONFIRMED within {} s (chain head at block {head}, \
-         {} block(s) mined by the bench; TXFLOW_CONFIRMATIONS_REQUIRED = {required}); \
+         {blocks_mined} block(s) mined by the bench; TXFLOW_CONFIRMATIONS_REQUIRED = {required}); \
          see the receipt checker's and the confirmation manager's logs",
         waited.as_secs(),
-        blocks.mined
     )
 }
 
@@ -618,6 +947,93 @@ fn not_confirmed(
 /// marker), signed here and sent with `eth_sendRawTransaction`, each signer's in nonce order,
 /// signers concurrently, 200 sends in flight at most; then waits until all are mined.
 async fn anvil_raw(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+    let run = run_anvil(config, args).await?;
+    run.print();
+    if args.json {
+        println!("{}", run.json());
+    }
+    run.check()
+}
+
+/// What one run of the chain alone measured (`--scenario anvil`, the first phase of `--compare`).
+struct AnvilRun {
+    signers: usize,
+    txs: usize,
+    /// Sends the node did not accept.
+    refused: usize,
+    mined: u64,
+    /// First send → last send answered.
+    sent_in: Duration,
+    /// First send → last transaction mined.
+    mined_in: Duration,
+    /// Over `mined_in`.
+    cpu: CpuUse,
+}
+
+impl AnvilRun {
+    fn requests(&self) -> usize {
+        self.signers * self.txs
+    }
+
+    fn tx_per_s(&self) -> f64 {
+        self.mined as f64 / self.mined_in.as_secs_f64()
+    }
+
+    fn send_per_s(&self) -> f64 {
+        self.requests() as f64 / self.sent_in.as_secs_f64()
+    }
+
+    fn print(&self) {
+        println!(
+            "raw transactions  {} ({} refused by the node)",
+            self.requests(),
+            self.refused
+        );
+        println!(
+            "sent in           {:.2} s  ({:.0} tx/s accepted by eth_sendRawTransaction)",
+            self.sent_in.as_secs_f64(),
+            self.send_per_s()
+        );
+        println!(
+            "mined             {} in {:.2} s  ({:.0} tx/s)",
+            self.mined,
+            self.mined_in.as_secs_f64(),
+            self.tx_per_s()
+        );
+        println!("{}", self.cpu.line());
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "scenario": "anvil",
+            "signers": self.signers,
+            "txs_per_signer": self.txs,
+            "requests": self.requests(),
+            "refused": self.refused,
+            "mined": self.mined,
+            "send_per_s": self.send_per_s(),
+            "tx_per_s": self.tx_per_s(),
+            "seconds": self.mined_in.as_secs_f64(),
+            "cpu_s": self.cpu.json(),
+        })
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.refused == 0,
+            "{} transaction(s) were refused",
+            self.refused
+        );
+        anyhow::ensure!(
+            self.mined == self.requests() as u64,
+            "{} transaction(s) not mined before the deadline",
+            self.requests() as u64 - self.mined
+        );
+        Ok(())
+    }
+}
+
+async fn run_anvil(config: &Config, args: &BenchArgs) -> anyhow::Result<AnvilRun> {
     use alloy::primitives::{Address, Bytes, U256};
     use alloy::providers::ext::AnvilApi;
     use alloy::providers::{Provider, ProviderBuilder};
@@ -630,7 +1046,7 @@ async fn anvil_raw(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         .first()
         .ok_or_else(|| anyhow::anyhow!("TXFLOW_RPC_URLS is empty"))?;
     let chain = Chain::connect(url, config.chain_id as u64)?;
-    let provider = ProviderBuilder::new().connect_http(url.parse()?);
+    let provider = ProviderBuilder::new().connect_http(url.parse()?).erased();
     let (signers, txs) = (args.signers.max(1) as usize, args.txs.max(1) as usize);
     let total = signers * txs;
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
@@ -666,6 +1082,8 @@ async fn anvil_raw(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         per_signer.push(raws);
     }
     eprintln!("bench anvil: {signers} signer(s) x {txs} raw transaction(s) = {total} to {url}");
+    let probe = CpuProbe::new(url, &config.kafka.brokers, &config.database_url);
+    let cpu_start = probe.sample();
     let started = Instant::now();
     // Round-robin over signers, in nonce order per signer; at most 200 sends in flight.
     let order: Vec<&Vec<u8>> = (0..txs)
@@ -681,55 +1099,80 @@ async fn anvil_raw(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         .iter()
         .filter(|o| !matches!(o, Ok(SendOutcome::Accepted)))
         .count();
+    let addresses: Vec<Address> = keys.iter().map(|k| k.address()).collect();
     let deadline = started + Duration::from_secs(args.deadline_secs);
-    let mut mined = 0u64;
-    while mined < total as u64 && Instant::now() < deadline {
-        mined = 0;
-        for k in &keys {
-            mined += provider.get_transaction_count(k.address()).latest().await?;
-        }
-        if mined < total as u64 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    let mined = wait_mined(&provider, &addresses, (0, txs as u64), deadline, None).await?;
     let mined_in = started.elapsed();
-    let send_rate = total as f64 / sent_in.as_secs_f64();
-    let mined_rate = mined as f64 / mined_in.as_secs_f64();
-    println!("raw transactions  {total} ({refused} refused by the node)");
-    println!(
-        "sent in           {:.2} s  ({send_rate:.0} tx/s accepted by eth_sendRawTransaction)",
-        sent_in.as_secs_f64()
-    );
-    println!(
-        "mined             {mined} in {:.2} s  ({mined_rate:.0} tx/s)",
-        mined_in.as_secs_f64()
-    );
-    if args.json {
-        let report = serde_json::json!({
-            "scenario": "anvil",
-            "signers": signers,
-            "txs_per_signer": txs,
-            "requests": total,
-            "refused": refused,
-            "mined": mined,
-            "send_per_s": send_rate,
-            "tx_per_s": mined_rate,
-            "seconds": mined_in.as_secs_f64(),
-        });
-        println!("{report}");
-    }
-    anyhow::ensure!(refused == 0, "{refused} transaction(s) were refused");
-    anyhow::ensure!(
-        mined == total as u64,
-        "{} transaction(s) not mined before the deadline",
-        total as u64 - mined
-    );
-    Ok(())
+    let cpu = cpu_start.until(&probe.sample());
+    Ok(AnvilRun {
+        signers,
+        txs,
+        refused,
+        mined,
+        sent_in,
+        mined_in,
+        cpu,
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{nonce_gaps, percentile};
+    use super::{compare_report, nonce_gaps, offered_per_s, percentile, ratio};
+    use std::time::Duration;
+
+    #[test]
+    fn the_ratio_is_the_pipeline_over_the_chain_and_null_without_a_ceiling() {
+        assert_eq!(ratio(500.0, 2000.0), 0.25);
+        assert_eq!(ratio(0.0, 2000.0), 0.0);
+        for no_ceiling in [0.0, f64::NAN, f64::INFINITY, -1.0] {
+            assert!(ratio(500.0, no_ceiling).is_nan(), "{no_ceiling}");
+        }
+        assert_eq!(serde_json::json!(ratio(1.0, 0.0)), serde_json::Value::Null);
+    }
+
+    #[test]
+    fn the_compare_report_is_the_pipelines_with_the_chains_figures_beside_it() {
+        let pipeline = serde_json::json!({
+            "scenario": "pipeline", "requests": 20, "mined": 20, "duplicates": 0,
+            "unmined": 0, "seconds": 0.5, "tx_per_s": 40.0, "p50_ms": 30.0, "p95_ms": 40.0,
+            "p99_ms": 41.0, "cpu_s": {"txflow": 1.0, "broker": 0.1, "anvil": 0.2,
+            "postgres": 0.3, "machine": 1.8},
+        });
+        let chain = serde_json::json!({
+            "scenario": "anvil", "requests": 20, "refused": 0, "mined": 20,
+            "send_per_s": 400.0, "tx_per_s": 160.0, "seconds": 0.125,
+            "cpu_s": {"txflow": 0.01, "broker": 0.0, "anvil": 0.1, "postgres": 0.0,
+            "machine": 0.2},
+        });
+        let r = compare_report(pipeline.clone(), &chain);
+        assert_eq!(r["scenario"], "compare");
+        assert_eq!(r["ratio"], 0.25);
+        assert_eq!(r["anvil_tx_per_s"], 160.0);
+        assert_eq!(r["anvil_send_per_s"], 400.0);
+        assert_eq!(r["anvil_seconds"], 0.125);
+        assert_eq!(r["anvil_refused"], 0);
+        assert_eq!(r["anvil_mined"], 20);
+        assert_eq!(r["anvil_cpu_s"], chain["cpu_s"]);
+        // The pipeline's own figures are kept as they were.
+        for field in [
+            "requests", "mined", "tx_per_s", "p99_ms", "cpu_s", "seconds",
+        ] {
+            assert_eq!(r[field], pipeline[field], "{field}");
+        }
+        // A chain phase that mined nothing gives no ratio.
+        let none = compare_report(pipeline, &serde_json::json!({"tx_per_s": 0.0}));
+        assert_eq!(none["ratio"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn the_offered_rate_counts_intervals_between_sends() {
+        // 20 requests at 20/s: the last is due 0.95 s after the first.
+        assert_eq!(offered_per_s(20, Duration::from_millis(950)), 20.0);
+        // The generator fell behind: the last went out at 1.9 s.
+        assert_eq!(offered_per_s(20, Duration::from_millis(1900)), 10.0);
+        assert!(offered_per_s(1, Duration::ZERO).is_nan());
+        assert!(offered_per_s(5, Duration::ZERO).is_nan());
+    }
 
     #[test]
     fn nonce_gaps_count_the_nonces_no_request_of_the_run_holds() {

@@ -29,6 +29,7 @@ pub struct LocalPipeline {
     pub start_block: u64,
     codec: RegistryCodec,
     producer: FutureProducer,
+    requests: RequestSender,
     shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -75,9 +76,16 @@ impl LocalPipeline {
                 crate::roles::run_role(role, &deps, token).await
             }));
         }
+        let codec = RegistryCodec::new(&config.schema_registry_url);
+        let producer: FutureProducer = config.kafka.producer_config().create()?;
         Ok(LocalPipeline {
-            codec: RegistryCodec::new(&config.schema_registry_url),
-            producer: config.kafka.producer_config().create()?,
+            requests: RequestSender {
+                codec: codec.clone(),
+                producer: producer.clone(),
+                topic: config.topics.tx_requests(),
+            },
+            codec,
+            producer,
             config,
             signers: keys,
             provider,
@@ -109,18 +117,12 @@ impl LocalPipeline {
     }
 
     pub async fn send(&self, r: &TxRequest) -> anyhow::Result<()> {
-        let topic = self.config.topics.tx_requests();
-        let bytes = self.codec.encode(&topic, Subjects::TopicName, r).await?;
-        self.producer
-            .send(
-                FutureRecord::to(&topic)
-                    .key(&signer_key(r.chain_id, &r.signer))
-                    .payload(&bytes),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|(e, _)| e)?;
-        Ok(())
+        self.requests.send(r).await
+    }
+
+    /// A handle on [`LocalPipeline::send`] for other tasks.
+    pub fn sender(&self) -> RequestSender {
+        self.requests.clone()
     }
 
     pub async fn command(&self, c: &TxCommand) -> anyhow::Result<()> {
@@ -200,6 +202,37 @@ impl LocalPipeline {
         for t in self.tasks {
             t.await??;
         }
+        Ok(())
+    }
+}
+
+/// Produces requests to the pipeline's requests topic from any task (cheap to clone): the
+/// open-loop bench sends each request from a task of its own, so that a slow acknowledgement
+/// never holds up the next request's send.
+#[derive(Clone)]
+pub struct RequestSender {
+    codec: RegistryCodec,
+    producer: FutureProducer,
+    topic: String,
+}
+
+impl RequestSender {
+    /// Encodes `r` through the registry and produces it keyed by its signer; returns once the
+    /// broker has acknowledged it.
+    pub async fn send(&self, r: &TxRequest) -> anyhow::Result<()> {
+        let bytes = self
+            .codec
+            .encode(&self.topic, Subjects::TopicName, r)
+            .await?;
+        self.producer
+            .send(
+                FutureRecord::to(&self.topic)
+                    .key(&signer_key(r.chain_id, &r.signer))
+                    .payload(&bytes),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)?;
         Ok(())
     }
 }

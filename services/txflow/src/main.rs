@@ -4,6 +4,8 @@
 //! Thin on purpose: it loads the configuration, starts logging and hands over to the crates.
 
 mod bench;
+mod bench_alloc;
+mod bench_cpu;
 mod bench_stage;
 mod demo;
 mod local;

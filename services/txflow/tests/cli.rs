@@ -253,6 +253,76 @@ fn number(report: &serde_json::Value, field: &str) -> f64 {
         .unwrap_or_else(|| panic!("{field} is not a number in {report}"))
 }
 
+/// `--scenario allocate` (one hot signer, the allocator's handler against PostgreSQL, a stub
+/// node): every request of the signer ALLOCATED with the nonces 0..499, each once, as the report
+/// says and as PostgreSQL holds them, each announced by one TxAllocated; its batches went
+/// through one lease, one fencing token. Needs only PostgreSQL.
+#[tokio::test]
+async fn bench_allocate_takes_gap_free_nonces_for_one_hot_signer() {
+    let db = TestDb::empty().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_txflow"))
+        .args([
+            "bench",
+            "--scenario",
+            "allocate",
+            "--txs",
+            "500",
+            "--batch-max",
+            "120",
+            "--json",
+        ])
+        .env("TXFLOW_DATABASE_URL", &db.url)
+        .env("TXFLOW_LOG", "warn")
+        .output()
+        .await
+        .expect("run txflow bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let r = report(&stdout);
+    assert_eq!(r["scenario"], "allocate", "{r}");
+    assert_eq!(r["nonces"], 500, "{r}");
+    assert_eq!(r["allocated"], 500, "{r}");
+    assert_eq!(r["announced"], 500, "{r}");
+    assert_eq!(r["gaps"], 0, "{r}");
+    assert_eq!(r["duplicates"], 0, "{r}");
+    // 500 in batches of 120: four full ones and a last of 20.
+    assert_eq!(r["batches"], 5, "{r}");
+    let signer = r["signer"].as_str().expect("signer").to_string();
+    let chain_id = r["chain_id"].as_i64().expect("chain_id");
+    let nonces: Vec<i64> = sqlx::query_scalar(
+        "SELECT nonce FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND state = 'ALLOCATED'
+         ORDER BY nonce",
+    )
+    .bind(chain_id)
+    .bind(&signer)
+    .fetch_all(&db.pool)
+    .await
+    .expect("nonces");
+    assert_eq!(nonces, (0..500).collect::<Vec<i64>>());
+    let (rows, allocated_events, tokens): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), (SELECT count(*) FROM tx_events e JOIN managed_tx t USING (tx_id)
+                           WHERE t.chain_id = $1 AND t.signer = $2 AND e.type = 'TxAllocated'),
+                count(DISTINCT fencing_token)
+         FROM managed_tx WHERE chain_id = $1 AND signer = $2",
+    )
+    .bind(chain_id)
+    .bind(&signer)
+    .fetch_one(&db.pool)
+    .await
+    .expect("rows");
+    assert_eq!((rows, allocated_events, tokens), (500, 500, 1));
+    let cursor: i64 = sqlx::query_scalar(
+        "SELECT next_nonce FROM signer_nonce_cursor WHERE chain_id = $1 AND signer = $2",
+    )
+    .bind(chain_id)
+    .bind(&signer)
+    .fetch_one(&db.pool)
+    .await
+    .expect("cursor");
+    assert_eq!(cursor, 500);
+}
+
 /// `--until confirmed` follows every request to CONFIRMED and reports it from PostgreSQL and the
 /// chain: every request confirmed once, no nonce a request does not hold, and request → CONFIRMED
 /// no shorter than request → SUBMITTED.
@@ -371,6 +441,109 @@ async fn bench_until_confirmed_gives_up_at_the_deadline_with_a_clear_error() {
         "the bench gave up after {:?}",
         started.elapsed()
     );
+}
+
+/// Transactions with a `TxSubmitted` recorded, and rows in `managed_tx`, in the test's database.
+async fn submitted_and_rows(db: &TestDb) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(DISTINCT tx_id) FROM tx_events WHERE type = 'TxSubmitted'),
+                (SELECT count(*) FROM managed_tx)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count")
+}
+
+/// `--compare` measures the chain alone, then the pipeline on the same node with as many signers
+/// and requests, and reports them side by side: every request mined once, the ratio the quotient
+/// of the two rates, and the CPU seconds of each process over each phase, this one's above zero.
+#[tokio::test]
+async fn bench_compare_reports_the_pipeline_next_to_the_chain_alone() {
+    let db = TestDb::empty().await;
+    let anvil = txflow_tests::AnvilNode::spawn().await;
+    let (status, stdout, stderr) = bench(
+        &db,
+        &anvil,
+        &[],
+        &["--compare", "--signers", "2", "--txs", "10", "--json"],
+    )
+    .await;
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let r = report(&stdout);
+    assert_eq!(r["scenario"], "compare", "{r}");
+    assert_eq!(r["requests"], 20, "{r}");
+    assert_eq!(r["mined"], 20, "{r}");
+    assert_eq!(r["duplicates"], 0, "{r}");
+    assert_eq!(r["unmined"], 0, "{r}");
+    assert_eq!(r["nonce_gaps"], 0, "{r}");
+    assert_eq!(r["anvil_mined"], 20, "{r}");
+    assert_eq!(r["anvil_refused"], 0, "{r}");
+    let (tx_per_s, anvil_tx_per_s) = (number(&r, "tx_per_s"), number(&r, "anvil_tx_per_s"));
+    assert!(tx_per_s > 0.0 && anvil_tx_per_s > 0.0, "{r}");
+    let ratio = number(&r, "ratio");
+    assert!(
+        (ratio - tx_per_s / anvil_tx_per_s).abs() <= 1e-9 * ratio.max(1.0),
+        "ratio {ratio} is not tx_per_s / anvil_tx_per_s: {r}"
+    );
+    let (p50, p95, p99) = (
+        number(&r, "p50_ms"),
+        number(&r, "p95_ms"),
+        number(&r, "p99_ms"),
+    );
+    assert!(0.0 <= p50 && p50 <= p95 && p95 <= p99, "{r}");
+    for phase in ["cpu_s", "anvil_cpu_s"] {
+        for who in [
+            "txflow",
+            "broker",
+            "anvil",
+            "postgres",
+            "postgres_db",
+            "machine",
+        ] {
+            let s = r[phase][who]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{phase}.{who} is not a number: {r}"));
+            assert!(s >= 0.0, "{phase}.{who}: {r}");
+        }
+    }
+    // The pipeline ran in the bench's process: it used CPU.
+    assert!(number(&r["cpu_s"], "txflow") > 0.0, "{r}");
+    // The chain-alone phase went around txflow: PostgreSQL holds the 20 requests and the 2
+    // warm-ups, each submitted, and nothing of the other 20 transactions.
+    assert_eq!(submitted_and_rows(&db).await, (22, 22));
+}
+
+/// `--rate` offers the requests on a schedule instead of all at once, and every one is mined. No
+/// request goes out before its time, so the last of 20 at 20/s leaves at least 0.95 s after the
+/// schedule's start and the offered rate cannot exceed 20; it falls below only if the generator
+/// fell behind (by a second, for 10/s).
+#[tokio::test]
+async fn bench_at_a_rate_sends_on_a_schedule_and_mines_every_request() {
+    let db = TestDb::empty().await;
+    let anvil = txflow_tests::AnvilNode::spawn().await;
+    let (status, stdout, stderr) = bench(
+        &db,
+        &anvil,
+        &[],
+        &["--rate", "20", "--signers", "2", "--txs", "10", "--json"],
+    )
+    .await;
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let r = report(&stdout);
+    assert_eq!(r["rate"], 20, "{r}");
+    assert_eq!(r["requests"], 20, "{r}");
+    assert_eq!(r["mined"], 20, "{r}");
+    assert_eq!(r["duplicates"], 0, "{r}");
+    assert_eq!(r["unmined"], 0, "{r}");
+    assert_eq!(r["nonce_gaps"], 0, "{r}");
+    let at_least = 19.0 / 20.0;
+    assert!(number(&r, "send_seconds") >= at_least, "{r}");
+    assert!(number(&r, "seconds") >= at_least, "{r}");
+    let offered = number(&r, "offered_per_s");
+    assert!((10.0..=20.0 + 1e-9).contains(&offered), "{r}");
+    assert!(number(&r, "send_lag_max_ms") >= 0.0, "{r}");
+    assert!(number(&r, "p99_ms") >= number(&r, "p50_ms"), "{r}");
+    assert_eq!(submitted_and_rows(&db).await, (22, 22));
 }
 
 /// SIGTERM (what a supervisor sends) stops a role cleanly: it finishes its batch and releases its
