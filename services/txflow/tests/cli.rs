@@ -425,14 +425,16 @@ async fn bench_until_confirmed_gives_up_at_the_deadline_with_a_clear_error() {
             "1",
             "--until",
             "confirmed",
+            // Long enough for the warm-up request to be mined on a loaded machine (a fresh-clone
+            // run at 15 s failed with "the warm-up requests were not mined within 15 s").
             "--deadline-secs",
-            "15",
+            "45",
         ],
     )
     .await;
     assert!(!status.success(), "{stdout}\n{stderr}");
     assert!(
-        stderr.contains("1 warm-up request(s) not CONFIRMED within 15 s")
+        stderr.contains("1 warm-up request(s) not CONFIRMED within 45 s")
             && stderr.contains("TXFLOW_CONFIRMATIONS_REQUIRED = 10000"),
         "{stderr}"
     );
