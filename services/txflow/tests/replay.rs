@@ -314,8 +314,11 @@ async fn a_replay_of_the_allocator_to_the_earliest_offset_sends_nothing_and_re_e
             "--topic",
             "tx.requests",
             "--json",
+            // Not the default: an answer tansu cannot give is waited for this long. Still long
+            // enough for the group listing on a loaded machine (a fresh-clone run failed at 3 s:
+            // "Group list fetch error: OperationTimedOut").
             "--timeout-ms",
-            "3000",
+            "15000",
         ];
         args.extend(spec.iter().copied());
         let (ok, out, err) = replay(&p, &prefix, &args).await;
