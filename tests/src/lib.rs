@@ -33,6 +33,7 @@ mod db;
 pub mod fake_chain;
 pub mod fault_proxy;
 mod kafka;
+pub mod notices;
 pub mod pipeline;
 pub mod test_stage;
 mod wait;

@@ -11,7 +11,7 @@
 //! from timings: each of the batch moves, the sixth and later ones too, was planned with its real
 //! number of rows, and no node over the batch's array ran more than once (the quadratic shape).
 
-use std::sync::{Arc, Mutex};
+use txflow_tests::notices::Notices;
 
 use serde_json::{Value, json};
 use sqlx::Executor;
@@ -27,45 +27,6 @@ use uuid::Uuid;
 const BATCH: usize = 120;
 /// Batches on one connection: past the fifth execution, where a generic plan may start.
 const BATCHES: usize = 8;
-
-/// The NOTICEs sqlx receives (it logs each as a `tracing` event, target
-/// `sqlx::postgres::notice`): here, `auto_explain`'s plans.
-#[derive(Clone, Default)]
-struct Notices(Arc<Mutex<Vec<String>>>);
-
-impl Notices {
-    fn take(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .map(|mut n| std::mem::take(&mut *n))
-            .unwrap_or_default()
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message(Option<String>);
-        impl tracing::field::Visit for Message {
-            fn record_str(&mut self, f: &tracing::field::Field, v: &str) {
-                if f.name() == "message" {
-                    self.0 = Some(v.to_string());
-                }
-            }
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                if f.name() == "message" && self.0.is_none() {
-                    self.0 = Some(format!("{v:?}"));
-                }
-            }
-        }
-        if event.metadata().target() == "sqlx::postgres::notice" {
-            let mut m = Message(None);
-            event.record(&mut m);
-            if let (Some(m), Ok(mut all)) = (m.0, self.0.lock()) {
-                all.push(m);
-            }
-        }
-    }
-}
 
 /// `(query text, plan)` of an `auto_explain` notice in JSON (`duration: … ms  plan:\n{json}`).
 fn explained(notice: &str) -> Option<(String, Value)> {
