@@ -230,15 +230,16 @@ impl Handler for ConfirmStage {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let from = rows
-            .iter()
-            .filter_map(|r| r.mined_block_number)
-            .filter_map(|n| u64::try_from(n).ok())
-            .min()
-            .unwrap_or(u64::MAX);
+        let mined = || {
+            rows.iter()
+                .filter_map(|r| r.mined_block_number)
+                .filter_map(|n| u64::try_from(n).ok())
+        };
+        let from = mined().min().unwrap_or(u64::MAX);
+        let to = mined().max().unwrap_or(0);
         let view = self
             .heads
-            .view(self.chain.as_ref(), from)
+            .view(self.chain.as_ref(), from, to)
             .await
             .map_err(|e| HandlerError::classified("follow the heads", e))?;
         let rules = Rules {

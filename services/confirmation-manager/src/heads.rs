@@ -65,12 +65,15 @@ impl Kept {
         )
     }
 
-    /// Whether a view from `from` can be answered without reading: read less than `fresh`
-    /// ago, reaching down to `from` (or as far as a refresh would have read).
-    fn covers(&self, from: u64, fresh: Duration, now: Instant) -> bool {
+    /// Whether a view of `from..=to` can be answered without reading: read less than `fresh`
+    /// ago, reaching down to `from` and up to `to`. A kept head below `to` is never answered
+    /// as is: the block at `to` was seen (a receipt names it) after that head was read, and a
+    /// view that ends below it would call it gone.
+    fn covers(&self, from: u64, to: u64, fresh: Duration, now: Instant) -> bool {
         self.read_at
             .is_some_and(|t| now.saturating_duration_since(t) < fresh)
             && self.lowest().is_some_and(|l| l <= from)
+            && self.head >= to
     }
 }
 
@@ -92,11 +95,17 @@ impl Heads {
     }
 
     /// The canonical chain from `from` (or as far down as this refresh reaches; the head alone
-    /// when `from` is past it) up to the head.
-    pub async fn view(&self, chain: &dyn ChainClient, from: u64) -> Result<View, HeadsError> {
+    /// when `from` is past it) up to the head. `to` is the highest block the caller asks about
+    /// (a receipt's block): a kept view whose head is below it is read again, however fresh.
+    pub async fn view(
+        &self,
+        chain: &dyn ChainClient,
+        from: u64,
+        to: u64,
+    ) -> Result<View, HeadsError> {
         let mut kept = self.kept.lock().await;
         let now = Instant::now();
-        if kept.covers(from, self.fresh, now) {
+        if kept.covers(from, to, self.fresh, now) {
             return Ok(kept.view(from));
         }
         let segment = refresh(chain, &kept.blocks, from).await?;
@@ -285,20 +294,20 @@ mod tests {
     async fn a_view_reads_new_blocks_only_and_follows_a_reorg() {
         let chain = Headers::new(10);
         let heads = Heads::new(Duration::ZERO);
-        let v = heads.view(&chain, 4).await.expect("view");
+        let v = heads.view(&chain, 4, 4).await.expect("view");
         assert_eq!((v.head(), v.lowest()), (10, Some(4)));
         assert_eq!(v.holds(5, &hash(&chain, 5)), Some(true));
         assert_eq!(chain.reads(), 7, "blocks 10 down to 4");
 
         // Nothing new: the head and the kept block below it.
         let before = chain.reads();
-        heads.view(&chain, 4).await.expect("view");
+        heads.view(&chain, 4, 4).await.expect("view");
         assert_eq!(chain.reads() - before, 1, "only the head is read again");
 
         // Two new blocks: read down to the kept head.
         chain.extend(12, 0);
         let before = chain.reads();
-        let v = heads.view(&chain, 4).await.expect("view");
+        let v = heads.view(&chain, 4, 4).await.expect("view");
         assert_eq!(v.head(), 12);
         assert_eq!(chain.reads() - before, 2);
 
@@ -306,7 +315,7 @@ mod tests {
         let old8 = hash(&chain, 8);
         chain.reorg(8, 12, 1);
         let before = chain.reads();
-        let v = heads.view(&chain, 4).await.expect("view");
+        let v = heads.view(&chain, 4, 4).await.expect("view");
         assert_eq!(chain.reads() - before, 5, "blocks 12 down to 8");
         assert_eq!(v.holds(8, &old8), Some(false));
         assert_eq!(v.holds(8, &hash(&chain, 8)), Some(true));
@@ -315,17 +324,17 @@ mod tests {
 
         // A shorter chain: what was above the head is gone.
         chain.reorg(6, 9, 2);
-        let v = heads.view(&chain, 4).await.expect("view");
+        let v = heads.view(&chain, 4, 4).await.expect("view");
         assert_eq!(v.head(), 9);
         assert_eq!(v.holds(10, &hash(&chain, 9)), Some(false));
         assert_eq!(v.list(6, 100).map(|l| l.len()), Some(4));
 
         // Past the head: the head alone.
-        let v = heads.view(&chain, u64::MAX).await.expect("view");
+        let v = heads.view(&chain, u64::MAX, 0).await.expect("view");
         assert_eq!((v.head(), v.lowest()), (9, Some(9)));
 
         // Lower than kept: read further down.
-        let v = heads.view(&chain, 1).await.expect("view");
+        let v = heads.view(&chain, 1, 1).await.expect("view");
         assert_eq!(v.lowest(), Some(1));
         assert_eq!(v.holds(2, &hash(&chain, 2)), Some(true));
     }
@@ -334,13 +343,27 @@ mod tests {
     async fn a_fresh_view_is_answered_without_reading() {
         let chain = Headers::new(5);
         let heads = Heads::new(Duration::from_secs(3600));
-        heads.view(&chain, 2).await.expect("view");
+        heads.view(&chain, 2, 2).await.expect("view");
         let before = chain.reads();
         chain.extend(7, 0);
-        let v = heads.view(&chain, 3).await.expect("view");
+        let v = heads.view(&chain, 3, 3).await.expect("view");
         assert_eq!(chain.reads(), before, "fresh: not read");
         assert_eq!(v.head(), 5);
-        heads.view(&chain, 0).await.expect("view");
+        heads.view(&chain, 0, 0).await.expect("view");
         assert!(chain.reads() > before, "not reaching down far enough: read");
+    }
+
+    /// A receipt names block 6 while the kept view, read an instant before, ends at 5: the view
+    /// is read again rather than answering "past the head" (which reads as a reorg). Failed on
+    /// the code as it was: the fresh view was answered as is and `holds(6, …)` was `Some(false)`.
+    #[tokio::test]
+    async fn a_fresh_view_that_ends_below_a_block_asked_about_is_read_again() {
+        let chain = Headers::new(5);
+        let heads = Heads::new(Duration::from_secs(3600));
+        heads.view(&chain, 2, 5).await.expect("view");
+        chain.extend(6, 0);
+        let v = heads.view(&chain, 6, 6).await.expect("view");
+        assert_eq!(v.head(), 6);
+        assert_eq!(v.holds(6, &hash(&chain, 6)), Some(true));
     }
 }
