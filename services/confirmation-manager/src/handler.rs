@@ -597,6 +597,12 @@ impl ConfirmStage {
                 }
                 Step::Reorg => {
                     let (id, event) = announcement(t, &gone);
+                    let number = t.block.map_or(0, |(n, _)| n);
+                    let canonical = view
+                        .list(number, 1)
+                        .and_then(|l| l.into_iter().next())
+                        .map(|b| b.hash)
+                        .unwrap_or_default();
                     tracing::warn!(
                         target: "txflow::confirmations",
                         event = "tx_reorged",
@@ -604,6 +610,8 @@ impl ConfirmStage {
                         tx_id = %tx_id,
                         nonce = t.row.nonce,
                         block = ?t.block,
+                        head = view.head(),
+                        canonical_hash = %canonical,
                         "a reorg removed the block of a transaction before it was final: back to SUBMITTED, sent again"
                     );
                     w.push(
