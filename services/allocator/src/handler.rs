@@ -29,6 +29,7 @@ use txflow_core::failure::{FailureCode, truncate_reason};
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
 use txflow_core::lease::HeldLease;
+use txflow_core::metrics;
 use txflow_core::retry::Classify;
 use txflow_core::role::Role;
 use txflow_core::stage::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
@@ -175,6 +176,7 @@ impl Handler for RequestStage {
             let v = match decide::validate(r, self.config.chain_id) {
                 Ok(v) => v,
                 Err(rejection) => {
+                    metrics::get().tx_create(metrics::create_result::INVALID, 1);
                     results[k] = Some(Err(HandlerError::Reject(rejection)));
                     continue;
                 }
@@ -206,6 +208,11 @@ impl Handler for RequestStage {
             ));
         }
         let created = store::accept(w, &rows).await?;
+        metrics::get().tx_create(metrics::create_result::ACCEPTED, created.len() as u64);
+        metrics::get().tx_create(
+            metrics::create_result::DUPLICATE,
+            rows.len().saturating_sub(created.len()) as u64,
+        );
         // What the new ones depend on, in the same transaction: a chained request is never
         // visible to a drive without its parent's name.
         let dependencies: Vec<(Uuid, String)> = announced
@@ -525,6 +532,7 @@ impl RequestStage {
         // A request that cannot be paid waits without a nonce too, so it blocks nobody either.
         store::hold_requests(&mut tx.writer(), &held).await?;
         tx.commit().await?;
+        metrics::get().tx_create(metrics::create_result::HELD, held.len() as u64);
         outputs.extend(self.failures(&key, failed, &landed));
         Ok(outputs)
     }

@@ -18,6 +18,7 @@ use txflow_core::events::{TxFailed, TxReplaced, TxSigned, TxSubmitted};
 use txflow_core::failure::{FailureCode, truncate_reason};
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
+use txflow_core::metrics;
 use txflow_core::retry::Classify;
 use txflow_core::role::Role;
 use txflow_core::stage::handler::{audit_json, db, route_signer, signer_address};
@@ -189,6 +190,7 @@ impl BroadcastStage {
         let mut failures: u32 = 0;
         loop {
             let result = self.chain.send_raw(&row.raw_tx).await;
+            metrics::get().tx_submit(txflow_core::chain::submit_result(&result));
             let again = match &result {
                 Ok(outcome) => decide::send_again(outcome),
                 Err(e) => e.is_transient(),
@@ -405,7 +407,10 @@ impl BroadcastStage {
         let mut resent = Vec::new();
         for d in split.resend {
             let nonce = d.nonce;
-            let answer = self.chain.send_raw(&d.raw_tx).await.map(|outcome| {
+            let sent = self.chain.send_raw(&d.raw_tx).await;
+            metrics::get().tx_submit(txflow_core::chain::submit_result(&sent));
+            metrics::get().tx_resubmit(Role::Broadcaster);
+            let answer = sent.map(|outcome| {
                 funds = funds.and(decide::resend_funds(&outcome));
                 decide::classify_resend(outcome)
             });
@@ -505,6 +510,7 @@ impl BroadcastStage {
             funds = funds.and(decide::resend_funds(&outcome));
             match decide::classify_cancellation(outcome) {
                 decide::CancelSent::Taken => {
+                    metrics::get().tx_defensive_cancellation("sent", 1);
                     if c.sends == 0 {
                         tracing::warn!(
                             target: "txflow::reorg",

@@ -26,6 +26,7 @@ use txflow_core::events::{BlockRef, TxConfirmationsUpdated, TxConfirmed, TxRecei
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
 use txflow_core::lease::LeaseKey;
+use txflow_core::metrics;
 use txflow_core::retry::{Classify, Retry};
 use txflow_core::role::Role;
 use txflow_core::stage::handler::{db, route_signer};
@@ -369,6 +370,11 @@ struct Writes {
     /// landed.
     outputs: Vec<(Uuid, Move, Output)>,
     reorged: Vec<Uuid>,
+    /// Announcements with `new_fork = true` (`confirmations.newfork`), counted if their move
+    /// landed.
+    new_forks: Vec<(Uuid, Move)>,
+    /// Final transactions a deep reorg undid (`tx.reorg{depth="deep"}`), counted likewise.
+    deep: Vec<(Uuid, Move)>,
 }
 
 impl Writes {
@@ -570,6 +576,9 @@ impl ConfirmStage {
                     },
                 );
                 w.book(tx_id).announced = Some(json("confirmations", &a.list)?);
+                if a.new_fork {
+                    w.new_forks.push((tx_id, m));
+                }
                 w.outputs.push((
                     tx_id,
                     m,
@@ -622,6 +631,7 @@ impl ConfirmStage {
                         },
                     );
                     w.book(tx_id).announced = Some(serde_json::json!([]));
+                    w.new_forks.push((tx_id, REORG));
                     w.outputs.push((
                         tx_id,
                         REORG,
@@ -662,6 +672,7 @@ impl ConfirmStage {
                          settles the outcome"
                     );
                     announce(&mut w, &gone, None, ReceiptWrite::Clear)?;
+                    w.deep.push((tx_id, t.count_move()));
                     w.book(tx_id).park = true;
                 }
                 Step::LostAgain => {
@@ -813,6 +824,12 @@ impl ConfirmStage {
             .collect();
         store::resubmit_after(&mut fw, &reorged, self.config.resubmit_interval).await?;
         tx.commit().await?;
+        let landed_count =
+            |list: &[(Uuid, Move)]| list.iter().filter(|(id, m)| moved(*m, id)).count() as u64;
+        let m = metrics::get();
+        m.confirmations_newfork(key.chain_id, landed_count(&w.new_forks));
+        m.tx_reorg("shallow", reorged.len() as u64);
+        m.tx_reorg("deep", landed_count(&w.deep));
 
         let outputs = w
             .outputs

@@ -110,6 +110,27 @@ pub enum SendOutcome {
     },
 }
 
+/// The `tx.submit` result of a send (`metrics::submit_result`): accepted, known (already
+/// known/imported), nonce_too_low, underpriced (refused for now: fees, the node's load), funds,
+/// or error (refused for good, an unknown answer, no answer).
+pub fn submit_result(result: &Result<SendOutcome, ChainError>) -> &'static str {
+    use crate::metrics::submit_result as r;
+    match result {
+        Ok(SendOutcome::Accepted) => r::ACCEPTED,
+        Ok(SendOutcome::PossiblySent { .. }) => r::KNOWN,
+        Ok(SendOutcome::NonceTooLow { .. }) => r::NONCE_TOO_LOW,
+        Ok(SendOutcome::InsufficientFunds { .. }) => r::FUNDS,
+        Ok(SendOutcome::Rejected {
+            retryable: true, ..
+        }) => r::UNDERPRICED,
+        Ok(SendOutcome::Rejected {
+            retryable: false, ..
+        })
+        | Ok(SendOutcome::Unknown { .. })
+        | Err(_) => r::ERROR,
+    }
+}
+
 /// What a known `eth_sendRawTransaction` error wording means (a row of [`SEND_ERRORS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendClass {
@@ -673,6 +694,8 @@ impl Chain {
         F: Fn(DynProvider) -> Fut,
         Fut: Future<Output = Result<T, RpcError<TransportErrorKind>>>,
     {
+        // A child span of the stage's span when traces are exported (never the endpoint's URL).
+        let span = crate::otel::rpc_span(method);
         let mut last = None;
         for round in 0..self.settings.attempts {
             if round > 0 {
@@ -684,6 +707,7 @@ impl Chain {
             }
             for i in self.order() {
                 let e = &self.endpoints[i];
+                let started = Instant::now();
                 let result = match tokio::time::timeout(
                     self.settings.timeout,
                     f(e.provider.clone()),
@@ -697,6 +721,9 @@ impl Chain {
                     ))),
                 };
                 let result = result.map_err(|err| e.scrub_error(err));
+                // `answered`: a result or the node's own JSON-RPC error (not a rate limit).
+                let answered = !matches!(&result, Err(err) if worth_retrying(err));
+                crate::metrics::get().rpc_call(method, i, answered, started.elapsed());
                 match result {
                     Err(err) if worth_retrying(&err) => {
                         let mut h = e.health();
@@ -712,11 +739,19 @@ impl Chain {
                             tracing::info!(endpoint = %e.name, method, "RPC endpoint answers again");
                         }
                         *h = Health::default();
+                        if let Err(err) = &other {
+                            let class = match err {
+                                RpcError::ErrorResp(_) => "jsonrpc_error",
+                                _ => "transport",
+                            };
+                            crate::otel::rpc_failed(&span, class);
+                        }
                         return other;
                     }
                 }
             }
         }
+        crate::otel::rpc_failed(&span, "unavailable");
         Err(last.unwrap_or_else(|| TransportErrorKind::custom_str("no RPC endpoint")))
     }
 

@@ -111,6 +111,21 @@ pub struct Config {
     pub log_filter: String,
     /// `TXFLOW_LOG_FORMAT` (`log.format`): `json` for one JSON object per line, anything else text.
     pub log_json: bool,
+    /// `TXFLOW_METRICS_ADDR` (`metrics.addr`, default unset: no server): the address of the HTTP
+    /// server of `/metrics`, `/healthz` and `/readyz` (e.g. `0.0.0.0:9464`) every role process
+    /// and `txflow up` start.
+    pub metrics_addr: Option<String>,
+    /// `TXFLOW_METRICS_SAMPLE_MS` (`metrics.sample_ms`, default 5000): how often a role process
+    /// samples its gauges (transactions by state, signer holds, outbox backlog, consumer lag,
+    /// leases held).
+    pub metrics_sample_ms: u64,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (`telemetry.otlp_endpoint`, default unset: no trace export):
+    /// the OTLP gRPC endpoint traces are exported to (e.g. `http://otel-collector:4317`);
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, read by [`crate::otel::decide`], is above it.
+    pub otlp_endpoint: Option<String>,
+    /// `OTEL_SERVICE_NAME` (`telemetry.service_name`, default unset: `txflow-<role>`, `txflow`
+    /// for `up` and the tools): the `service.name` of exported traces.
+    pub otel_service_name: Option<String>,
 }
 
 impl std::fmt::Debug for Config {
@@ -162,6 +177,13 @@ impl std::fmt::Debug for Config {
             .field("max_fee_per_gas_wei", &self.max_fee_per_gas_wei)
             .field("log_filter", &self.log_filter)
             .field("log_json", &self.log_json)
+            .field("metrics_addr", &self.metrics_addr)
+            .field("metrics_sample_ms", &self.metrics_sample_ms)
+            .field(
+                "otlp_endpoint",
+                &self.otlp_endpoint.as_deref().map(crate::chain::redact),
+            )
+            .field("otel_service_name", &self.otel_service_name)
             .finish()
     }
 }
@@ -305,6 +327,9 @@ pub const DEFAULT_APPROVAL_TIMEOUT_MS: u64 = 86_400_000;
 /// The longest `approval.timeout` accepted: 30 days.
 pub const MAX_APPROVAL_TIMEOUT_MS: u64 = 2_592_000_000;
 
+/// The default of `metrics.sample_ms`: the gauges are sampled every 5 s.
+pub const DEFAULT_METRICS_SAMPLE_MS: u64 = 5_000;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -340,6 +365,10 @@ impl Default for Config {
             max_fee_per_gas_wei: DEFAULT_MAX_FEE_PER_GAS_WEI,
             log_filter: "info".into(),
             log_json: false,
+            metrics_addr: None,
+            metrics_sample_ms: DEFAULT_METRICS_SAMPLE_MS,
+            otlp_endpoint: None,
+            otel_service_name: None,
         }
     }
 }
@@ -727,6 +756,52 @@ impl Config {
         }
         if let Some(v) = lookup("TXFLOW_LOG_FORMAT") {
             c.log_json = v == "json";
+        }
+        if let Some(v) = lookup("TXFLOW_METRICS_ADDR") {
+            if v.is_empty() {
+                c.metrics_addr = None;
+            } else if v.parse::<std::net::SocketAddr>().is_err() {
+                return Err(ConfigError::Invalid {
+                    var: "TXFLOW_METRICS_ADDR",
+                    value: v,
+                    why: "expected an address and port, e.g. 0.0.0.0:9464",
+                });
+            } else {
+                c.metrics_addr = Some(v);
+            }
+        }
+        if let Some(v) = lookup("TXFLOW_METRICS_SAMPLE_MS") {
+            c.metrics_sample_ms = match v.parse::<u64>() {
+                Ok(ms) if ms >= 100 => ms,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_METRICS_SAMPLE_MS",
+                        value: v,
+                        why: "expected milliseconds, at least 100",
+                    });
+                }
+            };
+        }
+        // The OpenTelemetry variables by their standard names; empty means unset.
+        if let Some(v) = lookup("OTEL_EXPORTER_OTLP_ENDPOINT") {
+            let v = v.trim().to_string();
+            if v.is_empty() {
+                c.otlp_endpoint = None;
+            } else if !(v.starts_with("http://") || v.starts_with("https://"))
+                || v.parse::<reqwest::Url>().is_err()
+            {
+                return Err(ConfigError::Invalid {
+                    var: "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    value: crate::chain::redact(&v),
+                    why: "expected an http:// URL of an OTLP gRPC receiver, e.g. http://otel-collector:4317",
+                });
+            } else {
+                c.otlp_endpoint = Some(v);
+            }
+        }
+        if let Some(v) = lookup("OTEL_SERVICE_NAME") {
+            let v = v.trim().to_string();
+            c.otel_service_name = (!v.is_empty()).then_some(v);
         }
         Ok(())
     }

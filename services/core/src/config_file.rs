@@ -68,6 +68,10 @@ pub const KEYS: &[(&str, &str)] = &[
     ("fees.max_fee_per_gas_wei", "TXFLOW_MAX_FEE_PER_GAS_WEI"),
     ("log.filter", "TXFLOW_LOG"),
     ("log.format", "TXFLOW_LOG_FORMAT"),
+    ("metrics.addr", "TXFLOW_METRICS_ADDR"),
+    ("metrics.sample_ms", "TXFLOW_METRICS_SAMPLE_MS"),
+    ("telemetry.otlp_endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+    ("telemetry.service_name", "OTEL_SERVICE_NAME"),
 ];
 
 /// The file's contents, section by section; a key left out keeps the value below it.
@@ -91,6 +95,8 @@ pub struct ConfigFile {
     pub confirmations: ConfirmationsSection,
     pub fees: FeesSection,
     pub log: LogSection,
+    pub metrics: MetricsSection,
+    pub telemetry: TelemetrySection,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -208,6 +214,21 @@ pub struct FeesSection {
 pub struct LogSection {
     pub filter: Option<String>,
     pub format: Option<LogFormat>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    pub addr: Option<String>,
+    pub sample_ms: Option<u64>,
+}
+
+/// OpenTelemetry trace export; its keys are overridden by the standard `OTEL_*` variables.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetrySection {
+    pub otlp_endpoint: Option<String>,
+    pub service_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -419,8 +440,24 @@ impl ConfigFile {
                 }),
             ),
         ];
+        let metrics: [(&'static str, Option<String>); 2] = [
+            ("TXFLOW_METRICS_ADDR", s.metrics.addr.clone()),
+            (
+                "TXFLOW_METRICS_SAMPLE_MS",
+                s.metrics.sample_ms.map(|v| v.to_string()),
+            ),
+        ];
+        let telemetry: [(&'static str, Option<String>); 2] = [
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                s.telemetry.otlp_endpoint.clone(),
+            ),
+            ("OTEL_SERVICE_NAME", s.telemetry.service_name.clone()),
+        ];
         values
             .into_iter()
+            .chain(metrics)
+            .chain(telemetry)
             .filter_map(|(var, v)| v.map(|v| (var, v)))
             .collect()
     }
@@ -494,6 +531,10 @@ impl ConfigFile {
             max_fee_per_gas_wei,
             log_filter,
             log_json,
+            metrics_addr,
+            metrics_sample_ms,
+            otlp_endpoint,
+            otel_service_name,
         } = config;
         ConfigFile {
             database: DatabaseSection {
@@ -567,6 +608,14 @@ impl ConfigFile {
                 } else {
                     LogFormat::Text
                 }),
+            },
+            metrics: MetricsSection {
+                addr: metrics_addr.clone(),
+                sample_ms: Some(*metrics_sample_ms),
+            },
+            telemetry: TelemetrySection {
+                otlp_endpoint: otlp_endpoint.as_deref().map(crate::chain::redact),
+                service_name: otel_service_name.clone(),
             },
         }
     }

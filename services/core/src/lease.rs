@@ -362,7 +362,10 @@ impl LeaseManager {
         .bind(millis(self.config.clock_skew))
         .fetch_all(&self.pool)
         .await
-        .map_err(LeaseError::Db)?;
+        .map_err(|e| {
+            crate::metrics::get().lease_acquire(self.role, crate::metrics::lease_result::ERROR);
+            LeaseError::Db(e)
+        })?;
 
         let mut out = Vec::with_capacity(rows.len());
         for AcquireRow {
@@ -475,7 +478,10 @@ impl LeaseManager {
         .bind(millis(self.config.clock_skew))
         .fetch_all(&self.pool)
         .await
-        .map_err(LeaseError::Db)?;
+        .map_err(|e| {
+            crate::metrics::get().lease_acquire(self.role, crate::metrics::lease_result::ERROR);
+            LeaseError::Db(e)
+        })?;
 
         let mut renewal = Renewal::default();
         for lease in leases {

@@ -17,6 +17,10 @@
 //! - [`stage`]: the stage runtime every consumer service runs on.
 //! - [`fault`]: fault points for crash tests (feature `fault-injection`).
 //! - [`telemetry`]: typed telemetry events.
+//! - [`metrics`]: the metric instruments (OpenTelemetry; Prometheus and OTLP export).
+//! - [`sampler`]: the gauges a role process samples from PostgreSQL and the broker.
+//! - [`http`]: `/metrics`, `/healthz` and `/readyz`.
+//! - [`otel`]: OpenTelemetry traces (OTLP export, the stage runtime's spans, `traceparent`).
 //! - [`retry`]: the retry classification every error type carries.
 
 pub mod chain;
@@ -29,12 +33,16 @@ pub mod domain;
 pub mod fault;
 pub mod fenced;
 pub mod holds;
+pub mod http;
 pub mod kafka;
 pub mod lease;
+pub mod metrics;
+pub mod otel;
 pub mod outbox;
 pub mod output;
 pub mod policy;
 pub mod role;
+pub mod sampler;
 pub mod stage;
 pub mod telemetry;
 pub mod txstore;

@@ -13,6 +13,8 @@ pub struct Output {
     pub topic: String,
     pub key: String,
     pub event_id: String,
+    /// The transaction the event is about (`Event::tx_id`): the traces follow it.
+    pub tx_id: Option<String>,
     event: Box<dyn ErasedEvent>,
 }
 
@@ -27,6 +29,7 @@ impl Output {
             topic: topic.into(),
             key: key.into(),
             event_id: event.event_id().to_string(),
+            tx_id: event.tx_id().map(str::to_string),
             event: Box::new(Typed { event, subjects }),
         }
     }
@@ -46,6 +49,7 @@ impl std::fmt::Debug for Output {
             .field("topic", &self.topic)
             .field("key", &self.key)
             .field("event_id", &self.event_id)
+            .field("tx_id", &self.tx_id)
             .finish()
     }
 }

@@ -1,7 +1,8 @@
 //! Typed telemetry events (CONVENTIONS 11): one struct per event, emitting one structured
-//! `tracing` event with the domain fields. Metrics will hang off the same structs.
+//! `tracing` event with the domain fields, and the metrics of the same event (`metrics.rs`).
 
 use crate::domain::{ChainId, FencingToken, NodeId, Role, Signer};
+use crate::metrics;
 
 /// How a lease was granted, as the events report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,13 @@ impl LeaseAcquired<'_> {
             Grant::Retaken => ("lease_retaken", None),
             Grant::Stolen { from } => ("lease_stolen", Some(from)),
         };
+        let result = match self.grant {
+            Grant::First => metrics::lease_result::ACQUIRED,
+            Grant::Renewed => metrics::lease_result::RENEWED,
+            Grant::Retaken => metrics::lease_result::RETAKEN,
+            Grant::Stolen { .. } => metrics::lease_result::STOLEN,
+        };
+        metrics::get().lease_acquire(self.role, result);
         tracing::debug!(
             target: "txflow::lease",
             event,
@@ -59,6 +67,7 @@ pub struct LeaseBusy<'a> {
 
 impl LeaseBusy<'_> {
     pub fn emit(&self) {
+        metrics::get().lease_acquire(self.role, metrics::lease_result::BUSY);
         tracing::debug!(
             target: "txflow::lease",
             event = "lease_busy",
@@ -83,6 +92,7 @@ pub struct LeaseRenewed<'a> {
 
 impl LeaseRenewed<'_> {
     pub fn emit(&self) {
+        metrics::get().lease_acquire(self.role, metrics::lease_result::RENEWED);
         tracing::trace!(
             target: "txflow::lease",
             event = "lease_renewed",
@@ -156,6 +166,7 @@ pub struct WriteFenced<'a> {
 
 impl WriteFenced<'_> {
     pub fn emit(&self) {
+        metrics::get().lease_fenced(self.role);
         tracing::warn!(
             target: "txflow::lease",
             event = "write_fenced",
@@ -182,6 +193,7 @@ pub struct BatchCommitted<'a> {
 
 impl BatchCommitted<'_> {
     pub fn emit(&self) {
+        metrics::get().stage_batch(self.role, self.messages, self.elapsed);
         tracing::debug!(
             target: "txflow::stage",
             event = "batch_committed",
@@ -208,6 +220,7 @@ pub struct DeadLettered<'a> {
 
 impl DeadLettered<'_> {
     pub fn emit(&self) {
+        metrics::get().dead_letter(self.role, self.code);
         tracing::warn!(
             target: "txflow::stage",
             event = "dead_lettered",

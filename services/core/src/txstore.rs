@@ -267,6 +267,15 @@ pub async fn apply(
         block_hashes.push(hash);
     }
     let audit = audit(19);
+    // The state each row left (for `fsm.transition{from,to}`): known when the move has one
+    // `from`; otherwise read from a second reference to the row, which the statement sees as
+    // it was before the update (a primary-key lookup per row, only for these moves, and only
+    // while metrics are on).
+    let (prev_from, prev_join, prev_col) = if m.from.len() > 1 && crate::metrics::enabled() {
+        (", managed_tx o", "AND o.tx_id = m.tx_id", "o.state")
+    } else {
+        ("", "", "NULL::text")
+    };
     let sql = format!(
         "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
          u AS (SELECT * FROM unnest($6::uuid[], $7::uuid[], $8::text[], $9::jsonb[], $10::bigint[],
@@ -296,20 +305,20 @@ pub async fn apply(
                  nonce_released = m.nonce_released OR $18,
                  fencing_token = $5,
                  updated_at = now()
-             FROM u
-             WHERE m.tx_id = u.tx_id AND m.chain_id = $2 AND m.signer = $3
+             FROM u{prev_from}
+             WHERE m.tx_id = u.tx_id AND m.chain_id = $2 AND m.signer = $3 {prev_join}
                AND m.state = ANY($17::text[])
                AND (u.expect_nonce IS NULL OR m.nonce = u.expect_nonce)
                AND EXISTS (SELECT 1 FROM fence_ok)
-             RETURNING m.tx_id, m.nonce),
+             RETURNING m.tx_id, m.nonce, {prev_col} AS prev),
          released AS (
              INSERT INTO recycled_nonces (chain_id, signer, nonce, released_at)
              SELECT $2, $3, nonce, clock_timestamp() FROM landed WHERE $18 AND nonce IS NOT NULL
              ON CONFLICT (chain_id, signer, nonce) DO NOTHING),
          {audit}
-         SELECT tx_id, nonce FROM landed UNION ALL SELECT NULL, NULL FROM fence_ok"
+         SELECT tx_id, nonce, prev FROM landed UNION ALL SELECT NULL, NULL, NULL FROM fence_ok"
     );
-    let out: Vec<(Option<Uuid>, Option<i64>)> = w
+    let out: Vec<(Option<Uuid>, Option<i64>, Option<String>)> = w
         .fetch_all(m.name, &sql, |q| {
             q.bind(ids)
                 .bind(event_ids)
@@ -331,7 +340,33 @@ pub async fn apply(
                 .bind(block_hashes)
         })
         .await?;
-    landed_or_fenced(w, m.name, out.into_iter().map(|(t, n)| t.map(|t| (t, n))))
+    count_transitions(m, &out);
+    landed_or_fenced(
+        w,
+        m.name,
+        out.into_iter().map(|(t, n, _)| t.map(|t| (t, n))),
+    )
+}
+
+/// `fsm.transition{from,to}` for the rows a move's statement moved (counted when the statement
+/// lands: a transaction rolled back afterwards, which is rare — a lease lost at commit — is
+/// counted all the same).
+fn count_transitions(m: Move, out: &[(Option<Uuid>, Option<i64>, Option<String>)]) {
+    let metrics = crate::metrics::get();
+    if let [from] = m.from {
+        let n = out.iter().filter(|(t, _, _)| t.is_some()).count();
+        metrics.fsm_transition(*from, m.to, n as u64);
+        return;
+    }
+    let mut by_from: std::collections::BTreeMap<TxState, u64> = Default::default();
+    for (_, _, prev) in out.iter().filter(|(t, _, _)| t.is_some()) {
+        if let Some(from) = prev.as_deref().and_then(|p| TxState::parse(p).ok()) {
+            *by_from.entry(from).or_default() += 1;
+        }
+    }
+    for (from, n) in by_from {
+        metrics.fsm_transition(from, m.to, n);
+    }
 }
 
 /// The ids a fenced statement of the sentinel shape returned (`SELECT tx_id FROM … UNION ALL
@@ -405,6 +440,42 @@ pub async fn stored_events(
         .bind(tx_ids.to_vec())
         .bind(event_type.to_string()),
     )
+    .await
+}
+
+/// Records the trace context of new transactions (`(tx_id, traceparent)`), where none is
+/// recorded yet: the stage runtime's part in the batch that created them, while traces are
+/// exported (migration 0011). Fenced like every write of `managed_tx`; rows already carrying one
+/// are left alone, so this never fails for them.
+pub async fn record_traces(w: &mut Fenced<'_>, rows: &[(Uuid, String)]) -> Result<(), FenceError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let (ids, traceparents): (Vec<Uuid>, Vec<String>) = rows.iter().cloned().unzip();
+    let sql = format!(
+        "UPDATE managed_tx m SET traceparent = t.traceparent
+         FROM unnest($6::uuid[], $7::text[]) AS t(tx_id, traceparent)
+         WHERE m.tx_id = t.tx_id AND m.chain_id = $2 AND m.signer = $3
+           AND m.traceparent IS NULL AND {FENCE_PREDICATE}
+         RETURNING m.tx_id"
+    );
+    w.fetch_all::<(Uuid,)>("record traces", &sql, |q| q.bind(ids).bind(traceparents))
+        .await?;
+    Ok(())
+}
+
+/// The recorded trace contexts of `tx_ids` (those that have one): what the spans of a drive's
+/// outputs continue.
+pub async fn traceparents(
+    pool: &PgPool,
+    tx_ids: &[Uuid],
+) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT tx_id, traceparent FROM managed_tx
+         WHERE tx_id = ANY($1) AND traceparent IS NOT NULL",
+    )
+    .bind(tx_ids.to_vec())
+    .fetch_all(pool)
     .await
 }
 

@@ -37,10 +37,25 @@ pub trait Event:
     fn schema() -> &'static Schema;
     /// The `event_id` every message carries.
     fn event_id(&self) -> &str;
+    /// The transaction the event is about; `None` for a request (it has no transaction yet).
+    fn tx_id(&self) -> Option<&str> {
+        None
+    }
 }
 
 macro_rules! event {
     ($ty:ident, $file:literal) => {
+        event!(@impl $ty, $file, {});
+    };
+    // An event about one transaction: its `tx_id` field answers `Event::tx_id`.
+    ($ty:ident, $file:literal, tx_id) => {
+        event!(@impl $ty, $file, {
+            fn tx_id(&self) -> Option<&str> {
+                Some(&self.tx_id)
+            }
+        });
+    };
+    (@impl $ty:ident, $file:literal, { $($extra:tt)* }) => {
         impl Event for $ty {
             const FULL_NAME: &'static str = concat!("io.txflow.tx.", stringify!($ty));
             const SCHEMA_JSON: &'static str = include_str!(concat!("../../../schemas/", $file));
@@ -57,6 +72,7 @@ macro_rules! event {
             fn event_id(&self) -> &str {
                 &self.event_id
             }
+            $($extra)*
         }
     };
 }
@@ -112,7 +128,7 @@ pub struct TxAccepted {
     pub fencing_token: i64,
     pub accepted_at_ms: i64,
 }
-event!(TxAccepted, "tx_accepted.avsc");
+event!(TxAccepted, "tx_accepted.avsc", tx_id);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxAllocated {
@@ -131,7 +147,7 @@ pub struct TxAllocated {
     pub max_priority_fee_per_gas: String,
     pub fencing_token: i64,
 }
-event!(TxAllocated, "tx_allocated.avsc");
+event!(TxAllocated, "tx_allocated.avsc", tx_id);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxSigned {
@@ -148,7 +164,7 @@ pub struct TxSigned {
     pub max_priority_fee_per_gas: String,
     pub fencing_token: i64,
 }
-event!(TxSigned, "tx_signed.avsc");
+event!(TxSigned, "tx_signed.avsc", tx_id);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -170,7 +186,7 @@ pub struct TxSubmitted {
     pub submitted_at_ms: i64,
     pub fencing_token: i64,
 }
-event!(TxSubmitted, "tx_submitted.avsc");
+event!(TxSubmitted, "tx_submitted.avsc", tx_id);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -195,7 +211,7 @@ pub struct TxReceiptUpdated {
     pub effective_gas_price: Option<String>,
     pub fencing_token: i64,
 }
-event!(TxReceiptUpdated, "tx_receipt_updated.avsc");
+event!(TxReceiptUpdated, "tx_receipt_updated.avsc", tx_id);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockRef {
@@ -217,7 +233,11 @@ pub struct TxConfirmationsUpdated {
     pub required_confirmations: i32,
     pub fencing_token: i64,
 }
-event!(TxConfirmationsUpdated, "tx_confirmations_updated.avsc");
+event!(
+    TxConfirmationsUpdated,
+    "tx_confirmations_updated.avsc",
+    tx_id
+);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxConfirmed {
@@ -234,7 +254,7 @@ pub struct TxConfirmed {
     pub confirmations: i32,
     pub fencing_token: i64,
 }
-event!(TxConfirmed, "tx_confirmed.avsc");
+event!(TxConfirmed, "tx_confirmed.avsc", tx_id);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxFailed {
@@ -250,7 +270,7 @@ pub struct TxFailed {
     pub nonce_released: bool,
     pub fencing_token: i64,
 }
-event!(TxFailed, "tx_failed.avsc");
+event!(TxFailed, "tx_failed.avsc", tx_id);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -270,7 +290,7 @@ pub struct TxCommand {
     pub requested_by: String,
     pub reason: Option<String>,
 }
-event!(TxCommand, "tx_command.avsc");
+event!(TxCommand, "tx_command.avsc", tx_id);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxReplaced {
@@ -283,7 +303,7 @@ pub struct TxReplaced {
     pub reason: String,
     pub fencing_token: i64,
 }
-event!(TxReplaced, "tx_replaced.avsc");
+event!(TxReplaced, "tx_replaced.avsc", tx_id);
 
 /// The schema files of the pipeline, for tools that register or list them.
 pub const ALL_SCHEMAS: [(&str, &str); 11] = [

@@ -18,6 +18,7 @@ use txflow_core::domain::{ChainId, Signer};
 use txflow_core::events::{TxReceiptUpdated, TxReplaced, TxSubmitted};
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
+use txflow_core::metrics;
 use txflow_core::nonce_proof::{NonceFacts, NonceTooLow, nonce_too_low};
 use txflow_core::retry::Classify;
 use txflow_core::role::Role;
@@ -220,6 +221,11 @@ impl ReceiptStage {
                 e.to_string()
             });
             let done = matches!(&answer, Ok(Some(r)) if r.tx_hash == hash);
+            metrics::get().receipt_check(match &answer {
+                Ok(Some(_)) if done => metrics::receipt_result::FOUND,
+                Ok(_) => metrics::receipt_result::NOT_FOUND,
+                Err(_) => metrics::receipt_result::ERROR,
+            });
             answers.push(((attempt, hash), answer));
             if done {
                 break;

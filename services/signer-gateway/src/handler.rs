@@ -29,6 +29,7 @@ use txflow_core::failure::{FailureCode, truncate_reason};
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
 use txflow_core::lease::LeaseKey;
+use txflow_core::metrics;
 use txflow_core::retry::Classify;
 use txflow_core::role::Role;
 use txflow_core::stage::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
@@ -626,6 +627,7 @@ impl SignStage {
             return Ok(());
         }
         tx.commit().await?;
+        metrics::get().tx_defensive_cancellation("signed", recorded.len() as u64);
         for (t, nonce, fees, s) in signed.iter().filter(|(_, n, _, _)| recorded.contains(n)) {
             tracing::warn!(
                 target: "txflow::reorg",
@@ -737,22 +739,25 @@ impl SignStage {
                 self.bumps.percent,
                 self.cancellations.max_fee_per_gas,
             ) {
-                decide::BumpFees::AtCap => tracing::error!(
-                    target: "txflow::alert",
-                    event = GAS_BUMP_AT_CAP,
-                    alert = true,
-                    chain_id = lease_key.chain_id.0,
-                    signer = %lease_key.signer,
-                    tx_id = %row.tx_id,
-                    nonce = p.nonce,
-                    attempt = p.attempt,
-                    reason = why.as_str(),
-                    max_fee_per_gas = %p.caps.max_fee,
-                    max_priority_fee_per_gas = %p.caps.tip,
-                    base_fee = ?base_fee,
-                    cap = %self.cancellations.max_fee_per_gas,
-                    "a stuck transaction is at fees.max_fee_per_gas: not raised again, its latest attempt is sent again as it is"
-                ),
+                decide::BumpFees::AtCap => {
+                    metrics::get().tx_gas_bump("at_cap", 1);
+                    tracing::error!(
+                        target: "txflow::alert",
+                        event = GAS_BUMP_AT_CAP,
+                        alert = true,
+                        chain_id = lease_key.chain_id.0,
+                        signer = %lease_key.signer,
+                        tx_id = %row.tx_id,
+                        nonce = p.nonce,
+                        attempt = p.attempt,
+                        reason = why.as_str(),
+                        max_fee_per_gas = %p.caps.max_fee,
+                        max_priority_fee_per_gas = %p.caps.tip,
+                        base_fee = ?base_fee,
+                        cap = %self.cancellations.max_fee_per_gas,
+                        "a stuck transaction is at fees.max_fee_per_gas: not raised again, its latest attempt is sent again as it is"
+                    )
+                }
                 decide::BumpFees::Raise { caps, capped } => {
                     todo.push((row, p, why, caps, capped));
                 }
@@ -821,6 +826,7 @@ impl SignStage {
             return Ok(());
         }
         tx.commit().await?;
+        metrics::get().tx_gas_bump("bumped", recorded.len() as u64);
         for (row, p, why, caps, capped, s) in
             signed.iter().filter(|t| recorded.contains(&t.0.tx_id))
         {

@@ -95,7 +95,14 @@ enum Command {
     Signers(signers::SignersArgs),
 }
 
-fn init_logging(config: &Config) {
+/// Logging, and trace export when `export` says so (an OTLP endpoint is configured): the
+/// exporter is built inside `runtime` (its gRPC channel runs there), and the returned guard must
+/// be shut down while `runtime` still runs.
+fn init_logging(
+    config: &Config,
+    export: Option<&txflow_core::otel::TraceExport>,
+    runtime: &tokio::runtime::Runtime,
+) -> txflow_core::otel::Telemetry {
     use tracing_subscriber::EnvFilter;
     let mut filter =
         EnvFilter::try_new(&config.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
@@ -109,14 +116,82 @@ fn init_logging(config: &Config) {
         }
     }
     let json = config.log_json;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
+    let started = export.map(|e| {
+        let _in_runtime = runtime.enter();
+        txflow_core::otel::start(e)
+    });
+    let (provider, telemetry, failed) = match started {
+        Some(Ok((provider, telemetry))) => (Some(provider), telemetry, None),
+        Some(Err(e)) => (None, txflow_core::otel::Telemetry::off(), Some(e)),
+        None => (None, txflow_core::otel::Telemetry::off(), None),
+    };
+    match provider {
+        // Traces off: the log subscriber alone, exactly as without telemetry.
+        None => {
+            let builder = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr);
+            if json {
+                builder.json().init();
+            } else {
+                builder.init();
+            }
+        }
+        // The filter becomes the log output's own, so that the span layer sees txflow's spans
+        // whatever TXFLOW_LOG says; the runtime's spans stay out of the log lines.
+        Some(provider) => {
+            use tracing_subscriber::Layer;
+            use tracing_subscriber::layer::SubscriberExt;
+            use tracing_subscriber::util::SubscriberInitExt;
+            let quiet = format!("{}=off", txflow_core::otel::TARGET);
+            match quiet.parse() {
+                Ok(d) => filter = filter.add_directive(d),
+                Err(e) => eprintln!("warning: log directive {quiet:?}: {e}"),
+            }
+            let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+            let fmt = if json {
+                fmt.json().with_filter(filter).boxed()
+            } else {
+                fmt.with_filter(filter).boxed()
+            };
+            tracing_subscriber::registry()
+                .with(fmt)
+                .with(txflow_core::otel::layer(&provider))
+                .init();
+        }
     }
+    if let Some(e) = failed {
+        // Its message, not its source's: the exporter's own errors quote the endpoint in full.
+        tracing::error!(
+            error = %e,
+            endpoint = %export.map(|x| txflow_core::chain::redact(&x.endpoint)).unwrap_or_default(),
+            "traces are not exported"
+        );
+    } else if let Some(e) = export.filter(|_| telemetry.is_on()) {
+        tracing::info!(
+            endpoint = %txflow_core::chain::redact(&e.endpoint),
+            service_name = %e.service_name,
+            "exporting traces (OTLP gRPC)"
+        );
+    }
+    telemetry
+}
+
+/// The `service.name` of this process's traces unless configured: `txflow-<role>` for a role,
+/// `txflow` for everything else (`up` runs every role in one process).
+fn default_service(command: &Command) -> String {
+    let role = match command {
+        Command::Allocator => Role::Allocator,
+        Command::SignerGateway => Role::SignerGateway,
+        Command::Broadcaster => Role::Broadcaster,
+        Command::ReceiptChecker => Role::ReceiptChecker,
+        Command::ConfirmationManager => Role::ConfirmationManager,
+        Command::TransferCoordinator => Role::TransferCoordinator,
+        Command::SpotLedger => Role::SpotLedger,
+        Command::Gateway => Role::Gateway,
+        _ => return "txflow".to_string(),
+    };
+    txflow_core::otel::service_name_of(role)
 }
 
 fn config(global: &Global) -> anyhow::Result<Config> {
@@ -142,7 +217,13 @@ async fn run_role(role: Role, config: &Config) -> anyhow::Result<()> {
         return roles::run_unbuilt(role, config).await;
     }
     let deps = roles::deps(config, roles::stages_of(role)).await?;
-    roles::run_role(role, &deps, roles::shutdown_root()?).await
+    let shutdown = roles::shutdown_root()?;
+    roles::observe(&deps, &[role], &format!("txflow-{role}"), &shutdown).await?;
+    let ran = roles::run_role(role, &deps, shutdown.child_token()).await;
+    // The metrics server and sampler stop with the process.
+    shutdown.cancel();
+    roles::stop_metrics().await;
+    ran
 }
 
 async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
@@ -182,7 +263,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    init_logging(&config);
+    // The runtime first: the trace exporter, when there is one, is built inside it.
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -190,7 +271,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli, config)) {
+    let export = txflow_core::otel::decide(
+        config.otlp_endpoint.as_deref(),
+        config.otel_service_name.as_deref(),
+        &default_service(&cli.command),
+        |k| std::env::var(k).ok(),
+    );
+    let mut telemetry = init_logging(&config, export.as_ref(), &runtime);
+    let result = runtime.block_on(run(cli, config));
+    // The last spans are exported while the runtime still runs (a role ends here after SIGINT or
+    // SIGTERM, having finished its batch).
+    telemetry.shutdown();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

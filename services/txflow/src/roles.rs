@@ -45,6 +45,74 @@ pub fn stages_of(role: Role) -> u32 {
     }
 }
 
+/// Starts what a process exports about itself, when configured: the metrics (when
+/// `TXFLOW_METRICS_ADDR` or an OTLP endpoint is set — `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`,
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`, `telemetry.otlp_endpoint`; otherwise the instruments stay
+/// no-ops), the known series at 0, the gauge sampler and the `/metrics`, `/healthz`, `/readyz`
+/// server. All stop with `shutdown`. `service` is the default `service.name` ("txflow-<role>",
+/// "txflow").
+pub async fn observe(
+    deps: &Deps,
+    roles: &[Role],
+    service: &str,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    use txflow_core::metrics;
+    let config = &deps.config;
+    let otlp = metrics::otlp_wanted(config.otlp_endpoint.as_deref());
+    if config.metrics_addr.is_none() && !otlp {
+        return Ok(());
+    }
+    match metrics::init(&metrics::Setup {
+        service_name: config.otel_service_name.clone(),
+        default_service_name: service.to_string(),
+        otlp_endpoint: config.otlp_endpoint.clone(),
+        otlp_interval: None,
+    }) {
+        Ok(()) => {}
+        Err(metrics::MetricsError::AlreadyInitialised) => {}
+        Err(e) => return Err(e.into()),
+    }
+    metrics::get().register(
+        roles,
+        txflow_core::domain::ChainId(config.chain_id),
+        config.rpc_urls.len(),
+    );
+    let lag = roles
+        .iter()
+        .filter_map(|r| crate::replay::role_targets(*r, config).ok())
+        .flatten()
+        .map(|t| txflow_core::sampler::LagTarget {
+            group: t.group,
+            topic: t.topic,
+        })
+        .collect();
+    let sampler = txflow_core::sampler::Sampler {
+        pool: deps.pool.clone(),
+        config: config.clone(),
+        roles: roles.to_vec(),
+        lag,
+    };
+    tokio::spawn(sampler.run(shutdown.child_token()));
+    if let Some(addr) = &config.metrics_addr {
+        let ready = txflow_core::http::Readiness {
+            pool: deps.pool.clone(),
+            chain: deps.chain.clone(),
+            kafka: config.kafka.clone(),
+            roles: roles.to_vec(),
+        };
+        txflow_core::http::start(addr, ready, shutdown.child_token()).await?;
+    }
+    Ok(())
+}
+
+/// Pushes the metrics not exported yet (OTLP) before the process exits.
+pub async fn stop_metrics() {
+    if txflow_core::metrics::enabled() {
+        let _ = tokio::task::spawn_blocking(txflow_core::metrics::shutdown).await;
+    }
+}
+
 /// Runs `role` on `deps` until `shutdown` is cancelled (or it fails, or it is not built yet).
 pub async fn run_role(role: Role, deps: &Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
     match role {

@@ -76,6 +76,7 @@ pub async fn run(config: &Config, args: UpArgs) -> anyhow::Result<()> {
         .map(|r| crate::roles::stages_of(*r))
         .sum();
     let deps = crate::roles::deps(config, stages).await?;
+    crate::roles::observe(&deps, &Role::PIPELINE, "txflow", &shutdown).await?;
     for role in Role::ALL {
         let deps = deps.clone();
         let token = shutdown.child_token();
@@ -108,6 +109,8 @@ pub async fn run(config: &Config, args: UpArgs) -> anyhow::Result<()> {
             break;
         }
     }
+    shutdown.cancel();
+    crate::roles::stop_metrics().await;
     Ok(())
 }
 

@@ -43,14 +43,32 @@ use tracing::Instrument;
 use super::consumer::StageContext;
 use super::handler::error_chain;
 use super::offsets::{OffsetPlan, Outcome};
-use super::produce::header;
+use super::produce::{Parent, header};
 use super::{Handler, HandlerError, Output, Rejection, StageRuntime};
 use crate::domain::{ChainId, Signer};
+use crate::events::Event;
 use crate::fault;
 use crate::fenced::{BatchCommitError, BatchTx};
 use crate::lease::HeldLease;
+use crate::otel;
 use crate::retry::Classify;
 use crate::telemetry;
+
+/// `stage.hop.latency`: from each message's Kafka timestamp (its producer's create time) to now,
+/// when the batch holding it is picked up. A message that comes again (a retry) counts again.
+fn record_hop_latency(role: crate::domain::Role, batch: &[BorrowedMessage<'_>]) {
+    if !crate::metrics::enabled() {
+        return;
+    }
+    let metrics = crate::metrics::get();
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    for m in batch {
+        if let Some(ts) = m.timestamp().to_millis() {
+            let ms = u64::try_from(now_ms.saturating_sub(ts)).unwrap_or(0);
+            metrics.stage_hop_latency(role, Duration::from_millis(ms));
+        }
+    }
+}
 
 /// One consumed message, decoded and routed.
 struct Item<I> {
@@ -61,6 +79,23 @@ struct Item<I> {
     input: I,
     signer: (ChainId, Signer),
     traceparent: Option<String>,
+    /// Its `process` span (`Span::none()` when traces are off), child of `traceparent`.
+    span: tracing::Span,
+}
+
+impl<I> Item<I> {
+    /// Where the `traceparent` of an output made from this message comes from: the message's
+    /// span when traces are exported, else (as before) the message's own header.
+    fn parent(&self) -> Parent<'_> {
+        if otel::enabled() {
+            Parent::Span {
+                parent: otel::context_of(&self.span),
+                link: None,
+            }
+        } else {
+            Parent::Header(self.traceparent.as_deref())
+        }
+    }
 }
 
 /// What the batch transaction made of the routed messages (indices into the items).
@@ -79,6 +114,35 @@ struct Applied {
     kept_signers: Vec<(ChainId, Signer)>,
 }
 
+/// `(tx_id, traceparent of the message's span)` of the transactions that messages without one (a
+/// request) made: the outputs that name a transaction.
+fn new_traces<I: Event>(
+    items: &[Item<I>],
+    outputs: &[(usize, Vec<Output>)],
+) -> Vec<(uuid::Uuid, String)> {
+    let mut traces = Vec::new();
+    for (i, outs) in outputs {
+        let item = &items[*i];
+        if item.input.tx_id().is_some() {
+            continue;
+        }
+        let Some(tp) = otel::inject(&otel::context_of(&item.span)) else {
+            continue;
+        };
+        for o in outs {
+            if let Some(id) = o
+                .tx_id
+                .as_deref()
+                .and_then(|t| uuid::Uuid::parse_str(t).ok())
+                && !traces.iter().any(|(t, _)| *t == id)
+            {
+                traces.push((id, tp.clone()));
+            }
+        }
+    }
+    traces
+}
+
 impl<H: Handler> StageRuntime<H> {
     /// Processes one batch; returns how long to pause before the messages to retry come again
     /// (`None`: nothing to retry).
@@ -89,6 +153,7 @@ impl<H: Handler> StageRuntime<H> {
         batch: Vec<BorrowedMessage<'_>>,
     ) -> Option<Duration> {
         let started = Instant::now();
+        record_hop_latency(self.handler.role(), &batch);
         let topic = self.handler.input_topic();
         let mut outcomes = vec![Outcome::Done; batch.len()];
         let items = self.decode(producer, &batch, &mut outcomes).await;
@@ -130,10 +195,10 @@ impl<H: Handler> StageRuntime<H> {
                 applied.retry.insert(*i);
             }
         }
-        let all: Vec<(&Output, Option<&str>)> = applied
+        let all: Vec<(&Output, Parent<'_>)> = applied
             .outputs
             .iter()
-            .flat_map(|(i, outs)| outs.iter().map(|o| (o, items[*i].traceparent.as_deref())))
+            .flat_map(|(i, outs)| outs.iter().map(|o| (o, items[*i].parent())))
             .collect();
         if !self.produce(producer, &all).await {
             // The state is committed; the outputs are re-emitted when the messages come again.
@@ -183,7 +248,21 @@ impl<H: Handler> StageRuntime<H> {
                 .iter()
                 .filter_map(|s| leases.get(s))
                 .collect();
-            self.drive_all(producer, &to_drive, false).await;
+            // Each drive continues the trace of its signer's first message of the batch.
+            let mut causes = super::recovery::Causes::new();
+            if otel::enabled() {
+                for s in &applied.kept_signers {
+                    if let Some(idxs) = by_signer.get(s) {
+                        causes.insert(
+                            s.clone(),
+                            idxs.iter()
+                                .map(|&i| otel::context_of(&items[i].span))
+                                .collect(),
+                        );
+                    }
+                }
+            }
+            self.drive_all(producer, &to_drive, false, &causes).await;
         }
         telemetry::BatchCommitted {
             role: self.handler.role(),
@@ -242,14 +321,29 @@ impl<H: Handler> StageRuntime<H> {
                 },
             };
             match decoded {
-                Ok((input, signer)) => items.push(Item {
-                    at,
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    input,
-                    signer,
-                    traceparent: header(m, "traceparent"),
-                }),
+                Ok((input, signer)) => {
+                    let traceparent = header(m, "traceparent");
+                    let span = otel::process_span(
+                        self.handler.role(),
+                        m.topic(),
+                        &self.config.group_id,
+                        m.partition(),
+                        m.offset(),
+                        input.event_id(),
+                        input.tx_id(),
+                        &signer,
+                        traceparent.as_deref(),
+                    );
+                    items.push(Item {
+                        at,
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        input,
+                        signer,
+                        traceparent,
+                        span,
+                    })
+                }
                 Err(rejection) => {
                     if !self.dead_letter(producer, m, &rejection).await {
                         outcomes[at] = Outcome::Retry;
@@ -301,7 +395,13 @@ impl<H: Handler> StageRuntime<H> {
             let mut signer_outputs = Vec::new();
             let mut signer_rejected = Vec::new();
             let mut failed: Option<(usize, HandlerError)> = None;
+            if otel::enabled() {
+                for &i in idxs {
+                    items[i].span.record("fencing_token", lease.token().0);
+                }
+            }
             let span = tracing::debug_span!(
+                parent: &items[idxs[0]].span,
                 "handle",
                 role = %self.handler.role(),
                 signer = %signer.1,
@@ -355,6 +455,16 @@ impl<H: Handler> StageRuntime<H> {
                 }
             }
             let Some((at, e)) = failed else {
+                if otel::enabled() {
+                    // The trace of a request goes on in PostgreSQL: its later steps are drives
+                    // over rows, not messages (`txstore::record_traces`).
+                    let traces = new_traces(items, &signer_outputs);
+                    if let Err(e) =
+                        crate::txstore::record_traces(&mut scope.writer(), &traces).await
+                    {
+                        tracing::warn!(error = ?e, signer = %signer.1, "could not record the trace context");
+                    }
+                }
                 match scope.keep().await {
                     Ok(()) => {
                         applied.kept_signers.push(signer.clone());

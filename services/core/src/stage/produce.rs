@@ -1,5 +1,7 @@
 //! Producing: the outputs of a batch or a drive (encoded, enqueued in order, acknowledged
-//! together), dead letters, and the `traceparent` that links an output to its input.
+//! together), dead letters, and the `traceparent` that links an output to its input (traces
+//! off) or to the span that produced it (traces exported: a `send` span per output, whose
+//! context the header carries; see [`crate::otel`]).
 
 use std::time::Duration;
 
@@ -8,15 +10,29 @@ use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use super::{Handler, Output, Rejection, StageRuntime};
+use crate::otel;
 use crate::telemetry;
 
+/// Where the `traceparent` of an output comes from.
+pub(super) enum Parent<'a> {
+    /// Traces off: a new span id in the trace of the input's header (a new trace without one),
+    /// as [`child_traceparent`] makes it.
+    Header(Option<&'a str>),
+    /// Traces exported: the output's `send` span is a child of `parent` (the span that produced
+    /// it, or the recorded context of its transaction's trace), linked to `link`.
+    Span {
+        parent: opentelemetry::Context,
+        link: Option<opentelemetry::trace::SpanContext>,
+    },
+}
+
 impl<H: Handler> StageRuntime<H> {
-    /// Encodes and produces `outputs` (each with the `traceparent` of its input, if any), waiting
+    /// Encodes and produces `outputs` (each with the `traceparent` of its [`Parent`]), waiting
     /// for every acknowledgement; false if any could not be encoded or produced.
     pub(super) async fn produce(
         &self,
         producer: &FutureProducer,
-        outputs: &[(&Output, Option<&str>)],
+        outputs: &[(&Output, Parent<'_>)],
     ) -> bool {
         // Encode everything first (the registry is consulted once per schema), then enqueue in
         // order, then await every acknowledgement: the idempotent producer keeps each partition's
@@ -24,14 +40,33 @@ impl<H: Handler> StageRuntime<H> {
         let mut encoded = Vec::with_capacity(outputs.len());
         for (o, parent) in outputs {
             match o.encode(&self.codec).await {
-                Ok(p) => encoded.push((*o, p, child_traceparent(*parent))),
+                Ok(p) => {
+                    let (traceparent, span) = match parent {
+                        Parent::Header(input) => (child_traceparent(*input), tracing::Span::none()),
+                        Parent::Span { parent, link } => {
+                            let span = otel::send_span(
+                                &o.topic,
+                                &o.key,
+                                &o.event_id,
+                                o.tx_id.as_deref(),
+                                parent.clone(),
+                                link.clone(),
+                            );
+                            let tp = otel::inject(&otel::context_of(&span))
+                                .unwrap_or_else(|| child_traceparent(None));
+                            (tp, span)
+                        }
+                    };
+                    // The span ends with this function, once the broker answered.
+                    encoded.push((*o, p, traceparent, span))
+                }
                 Err(e) => {
                     tracing::warn!(error = ?e, topic = %o.topic, "could not encode an output");
                     return false;
                 }
             }
         }
-        let sends = encoded.iter().map(|(o, payload, traceparent)| {
+        let sends = encoded.iter().map(|(o, payload, traceparent, _)| {
             let headers = OwnedHeaders::new()
                 .insert(Header {
                     key: "traceparent",
@@ -48,13 +83,13 @@ impl<H: Handler> StageRuntime<H> {
             producer.send(record, Duration::from_secs(30))
         });
         let mut results = Vec::with_capacity(encoded.len());
-        for (result, (o, _, _)) in futures::future::join_all(sends)
+        for (result, (o, _, _, span)) in futures::future::join_all(sends)
             .await
             .into_iter()
             .zip(&encoded)
         {
             if let Err((e, _)) = &result {
-                tracing::warn!(error = %e, topic = %o.topic, "could not produce an output");
+                tracing::warn!(parent: span, error = %e, topic = %o.topic, "could not produce an output");
             }
             results.push((o.event_id.as_str(), result.is_ok()));
         }

@@ -11,14 +11,24 @@
 //!
 //! [`LeaseManager::lock_signer`]: crate::lease::LeaseManager::lock_signer
 
+use std::collections::BTreeMap;
+
 use futures::StreamExt;
 use rdkafka::producer::FutureProducer;
+use tracing::Instrument;
 
+use super::produce::Parent;
 use super::{DriveCtx, Handler, HandlerError, Output, StageRuntime};
 use crate::domain::{ChainId, Signer};
 use crate::fault;
 use crate::lease::HeldLease;
+use crate::otel;
 use crate::outbox;
+
+/// The trace contexts a drive continues, per signer: the `process` spans of the signer's messages
+/// in the batch that triggered it (empty for the recovery scan's and the ready drives, and
+/// whenever traces are off).
+pub(super) type Causes = BTreeMap<(ChainId, Signer), Vec<opentelemetry::Context>>;
 
 /// How many signers' `drive` run at once.
 const DRIVE_CONCURRENCY: usize = 16;
@@ -54,7 +64,8 @@ impl<H: Handler> StageRuntime<H> {
         tracing::info!(role = %self.handler.role(), signers = mine.len(), "recovery scan");
         let leases = self.leases_for(mine).await;
         let to_drive: Vec<&HeldLease> = leases.values().collect();
-        self.drive_all(producer, &to_drive, true).await;
+        self.drive_all(producer, &to_drive, true, &Causes::new())
+            .await;
     }
 
     /// Drives the signers on `partitions` whose waiting work was unblocked without a message
@@ -79,7 +90,8 @@ impl<H: Handler> StageRuntime<H> {
         tracing::debug!(role = %self.handler.role(), signers = mine.len(), "driving signers ready to go on");
         let leases = self.leases_for(mine).await;
         let to_drive: Vec<&HeldLease> = leases.values().collect();
-        self.drive_all(producer, &to_drive, false).await;
+        self.drive_all(producer, &to_drive, false, &Causes::new())
+            .await;
     }
 
     /// Drives several signers at once (each signer's own work stays sequential).
@@ -88,10 +100,13 @@ impl<H: Handler> StageRuntime<H> {
         producer: &FutureProducer,
         leases: &[&HeldLease],
         recovery: bool,
+        causes: &Causes,
     ) {
         let mut drives = Vec::with_capacity(leases.len());
         for lease in leases {
-            drives.push(self.drive(producer, lease, recovery));
+            let key = (lease.key().chain_id, lease.key().signer.clone());
+            let caused_by = causes.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+            drives.push(self.drive(producer, lease, recovery, caused_by));
         }
         futures::stream::iter(drives)
             .buffer_unordered(DRIVE_CONCURRENCY)
@@ -107,10 +122,24 @@ impl<H: Handler> StageRuntime<H> {
     /// drives at once would both pass the fence (same node, same token): both simulate the same
     /// requests and both allocate nonces for them, the second's allocation failing on rows the
     /// first moved. The lease is renewed while the drive runs; if it is lost the drive is dropped.
-    async fn drive(&self, producer: &FutureProducer, lease: &HeldLease, recovery: bool) {
+    async fn drive(
+        &self,
+        producer: &FutureProducer,
+        lease: &HeldLease,
+        recovery: bool,
+        causes: &[opentelemetry::Context],
+    ) {
         let key = lease.key();
         let signer = &key.signer;
         let _turn = self.leases.lock_signer(key.chain_id, signer).await;
+        let span = otel::drive_span(
+            self.handler.role(),
+            key.chain_id,
+            signer,
+            lease.token().0,
+            recovery,
+            causes,
+        );
         let work = async {
             if recovery {
                 self.relay(producer, lease).await;
@@ -122,7 +151,8 @@ impl<H: Handler> StageRuntime<H> {
                     recovery,
                 })
                 .await
-        };
+        }
+        .instrument(span.clone());
         let Some(result) = self.unless_lost(lease, work).await else {
             tracing::warn!(%signer, fencing_token = lease.token().0,
                 "lease lost while driving pending work: the drive is abandoned (its writes would be fenced); the recovery scan retries once the lease is held again");
@@ -133,7 +163,7 @@ impl<H: Handler> StageRuntime<H> {
                 if !outs.is_empty() {
                     fault::point(fault::AFTER_DRIVE);
                 }
-                let all: Vec<(&Output, Option<&str>)> = outs.iter().map(|o| (o, None)).collect();
+                let all = self.drive_parents(&span, &outs).await;
                 self.produce(producer, &all).await;
             }
             Err(HandlerError::LeaseLost(e)) => {
@@ -185,9 +215,75 @@ impl<H: Handler> StageRuntime<H> {
                 }
             }
         }
-        let all: Vec<(&Output, Option<&str>)> = outs.iter().map(|o| (o, None)).collect();
+        // Inside the drive's span (`drive` instruments the relay).
+        let all = self.drive_parents(&tracing::Span::current(), &outs).await;
         let produced = self.produce(producer, &all).await;
         tracing::info!(role = %self.handler.role(), signer = %lease.key().signer, events = rows.len(), outputs = outs.len(), produced, "relayed unpublished events");
+    }
+
+    /// The parents of a drive's outputs. Traces off: none (a new trace each, as before). Traces
+    /// exported: the drive's span, or, for an output whose transaction belongs to another trace
+    /// (the one recorded when its request came, `txstore::record_traces`), a span of that trace
+    /// linked to the drive: every step of a request stays in the request's trace, whichever
+    /// batch or scan drove it.
+    async fn drive_parents<'o>(
+        &self,
+        span: &tracing::Span,
+        outs: &'o [Output],
+    ) -> Vec<(&'o Output, Parent<'static>)> {
+        if !otel::enabled() || outs.is_empty() {
+            return outs.iter().map(|o| (o, Parent::Header(None))).collect();
+        }
+        let drive = otel::context_of(span);
+        let drive_sc = otel::span_context(&drive);
+        let mut ids: Vec<uuid::Uuid> = outs
+            .iter()
+            .filter_map(|o| o.tx_id.as_deref())
+            .filter_map(|t| uuid::Uuid::parse_str(t).ok())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        span.record("txflow.outputs", outs.len());
+        let recorded = match crate::txstore::traceparents(&self.pool, &ids).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not read the recorded trace contexts");
+                Vec::new()
+            }
+        };
+        // The drive names its transaction when it worked on one, in that transaction's trace (a
+        // span with a `tx_id` is always in the request's trace).
+        if let [only] = ids.as_slice() {
+            let theirs = recorded
+                .iter()
+                .find(|(r, _)| r == only)
+                .and_then(|(_, tp)| otel::extract(tp));
+            if theirs.is_none_or(|cx| otel::span_context(&cx).trace_id() == drive_sc.trace_id()) {
+                span.record("tx_id", only.to_string());
+            }
+        }
+        outs.iter()
+            .map(|o| {
+                let theirs = o
+                    .tx_id
+                    .as_deref()
+                    .and_then(|t| uuid::Uuid::parse_str(t).ok())
+                    .and_then(|id| recorded.iter().find(|(r, _)| *r == id))
+                    .and_then(|(_, tp)| otel::extract(tp))
+                    .filter(|cx| otel::span_context(cx).trace_id() != drive_sc.trace_id());
+                let parent = match theirs {
+                    Some(cx) => Parent::Span {
+                        parent: cx,
+                        link: drive_sc.is_valid().then(|| drive_sc.clone()),
+                    },
+                    None => Parent::Span {
+                        parent: drive.clone(),
+                        link: None,
+                    },
+                };
+                (o, parent)
+            })
+            .collect()
     }
 
     async fn hold(&self, lease: &HeldLease, reason: &str) {
