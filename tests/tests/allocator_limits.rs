@@ -286,3 +286,79 @@ async fn a_transaction_waiting_for_approval_past_the_timeout_fails_and_later_req
     );
     p.stop().await;
 }
+
+/// `store::ready_signers` names the signers the runtime drives between recovery scans. A signer
+/// at the budget by PostgreSQL's states whose transactions in flight were sent (SUBMITTED) is
+/// named: the chain may have used those nonces while their receipts are not recorded yet (the
+/// receipt checker polls behind the chain), and its drive asks the chain (`in_flight_from`).
+/// A signer at the budget with nothing sent yet (ALLOCATED, SIGNED) is not: the chain cannot
+/// have used those nonces, so nothing polls it. Failed on the code as it was: a hot signer whose
+/// in-flight transactions were all SUBMITTED waited for the recovery scan (every 5 s) or a
+/// receipt, whichever came first — one signer's 2,000 requests went at 16–22 tx/s.
+#[tokio::test]
+async fn ready_signers_names_a_signer_at_the_budget_whose_transactions_were_sent() {
+    use txflow_core::domain::{ChainId, Signer};
+    use txflow_core::state::TxState;
+
+    const CHAIN: i64 = 31337;
+    const MAX: u32 = 4;
+    let db = txflow_tests::TestDb::new().await;
+    let signer = |n: u8| format!("0x{:040x}", n);
+    let insert = |n: u8, i: i64, state: TxState, nonce: Option<i64>| {
+        let pool = db.pool.clone();
+        let signer = signer(n);
+        async move {
+            sqlx::query(
+                "INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, nonce, payload, state, fencing_token)
+                 VALUES ($1, $2, $3, $4, $5, '{}'::jsonb, $6, 1)",
+            )
+            .bind(uuid::Uuid::new_v4())
+            .bind(CHAIN)
+            .bind(&signer)
+            .bind(format!("r-{n}-{i}"))
+            .bind(nonce)
+            .bind(state.as_str())
+            .execute(&pool)
+            .await
+            .expect("insert");
+        }
+    };
+    // 1: at the budget, all sent. 2: at the budget, nothing sent. 3: under the budget.
+    // 4: at the budget, half sent. Each has one request waiting for a nonce.
+    for i in 0..4 {
+        insert(1, i, TxState::Submitted, Some(i)).await;
+        let unsent = if i % 2 == 0 {
+            TxState::Allocated
+        } else {
+            TxState::Signed
+        };
+        insert(2, i, unsent, Some(i)).await;
+        if i < 2 {
+            insert(3, i, TxState::Submitted, Some(i)).await;
+        }
+        let half = if i < 2 {
+            TxState::Signed
+        } else {
+            TxState::Submitted
+        };
+        insert(4, i, half, Some(i)).await;
+    }
+    for n in 1..=4 {
+        insert(n, 99, TxState::Simulated, None).await;
+    }
+    let named: std::collections::BTreeSet<String> =
+        txflow_allocator::store::ready_signers(&db.pool, ChainId(CHAIN), MAX)
+            .await
+            .expect("ready signers")
+            .into_iter()
+            .map(|(c, s): (ChainId, Signer)| {
+                assert_eq!(c, ChainId(CHAIN));
+                s.as_str().to_string()
+            })
+            .collect();
+    let want: std::collections::BTreeSet<String> = [1, 3, 4].into_iter().map(signer).collect();
+    assert_eq!(
+        named, want,
+        "named: the sent-at-budget, under-budget and partly-sent signers"
+    );
+}

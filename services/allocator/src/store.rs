@@ -395,6 +395,9 @@ pub async fn released_nonces(pool: &PgPool, key: &LeaseKey) -> Result<i64, sqlx:
 /// takes it within the budget. PENDING_APPROVAL and FAILED hold none.
 pub const IN_FLIGHT: [TxState; 3] = [TxState::Allocated, TxState::Signed, TxState::Submitted];
 
+/// The in-flight states whose nonces the chain cannot have used: not sent yet.
+const UNSENT: [TxState; 2] = [TxState::Allocated, TxState::Signed];
+
 /// How many of the signer's nonces are in flight ([`IN_FLIGHT`]), in one statement. The states
 /// are written out (`txstore::state_in`) so that the open-state index serves it whatever the
 /// plan: its cost follows the signer's transactions in flight, not its history. A plain read
@@ -478,11 +481,16 @@ pub async fn signers_with_expired_approvals(
 }
 
 /// The signers of `chain_id` with transactions waiting for a nonce (SIMULATED, REPLACED) and
-/// fewer than `max_in_flight` nonces in flight: those whose waiting requests mining has let go
-/// on since their last drive (or that a drive has not reached yet). The stage runtime drives
-/// them between recovery scans (`Handler::ready_signers`), so that a signer at the budget goes
-/// on about a second after mining frees it rather than at the next scan. A signer at the budget
-/// is not named: nothing polls work that cannot move. Both reads are of the open-state index
+/// fewer than `max_in_flight` nonces in flight that were not sent yet (ALLOCATED, SIGNED): those
+/// whose waiting requests mining may have let go on since their last drive (or that a drive has
+/// not reached yet). The stage runtime drives them between recovery scans
+/// (`Handler::ready_signers`), so that a signer at the budget goes on about a second after
+/// mining frees it rather than at the next scan. SUBMITTED transactions do not keep a signer
+/// out: the chain may have used their nonces while their receipts are not recorded yet (the
+/// receipt checker polls behind the chain), and the drive asks the chain at the budget
+/// (`in_flight_from`) — a signer whose sent transactions are really unmined costs that drive
+/// (three reads and one call) every tick. A signer at the budget with nothing sent is not
+/// named: the chain cannot have used those nonces. Both reads are of the open-state index
 /// (states written out), so the cost follows the transactions in flight.
 pub async fn ready_signers(
     pool: &PgPool,
@@ -496,7 +504,7 @@ pub async fn ready_signers(
          WHERE (SELECT count(*) FROM managed_tx f
                 WHERE f.chain_id = w.chain_id AND f.signer = w.signer AND {in_flight}) < $2",
         waiting = txstore::state_in("state", &[TxState::Simulated, TxState::Replaced]),
-        in_flight = txstore::state_in("f.state", &IN_FLIGHT),
+        in_flight = txstore::state_in("f.state", &UNSENT),
     ))
     .bind(chain_id.0)
     .bind(i64::from(max_in_flight))
