@@ -193,6 +193,33 @@ fn tx_replaced() -> TxReplaced {
     }
 }
 
+fn spot_command() -> SpotCommand {
+    SpotCommand {
+        event_id: ev(12),
+        req_id: TX_ID.into(),
+        user_id: "user-42".into(),
+        asset: "USDT".into(),
+        amount: "1250.000001".into(),
+        op: SpotOp::Debit,
+        compensation: false,
+    }
+}
+
+fn spot_reply() -> SpotReply {
+    SpotReply {
+        event_id: ev(13),
+        req_id: TX_ID.into(),
+        op: SpotOp::Debit,
+        user_id: "user-42".into(),
+        asset: "USDT".into(),
+        outcome: SpotOutcome::Rejected,
+        code: Some("INSUFFICIENT_BALANCE".into()),
+        balance: Some("17.5".into()),
+        wal_seq: Some(9),
+        replied_at_ms: 1_735_000_000_000,
+    }
+}
+
 fn golden_path(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("golden")
@@ -238,6 +265,8 @@ fn every_schema_round_trips_its_golden_datum() {
     golden(tx_failed());
     golden(tx_command());
     golden(tx_replaced());
+    golden(spot_command());
+    golden(spot_reply());
 }
 
 async fn wire_round_trip<E: Event>(codec: &RegistryCodec, topic: &str, subjects: Subjects, e: E) {
@@ -289,6 +318,8 @@ async fn every_schema_round_trips_through_the_registry_in_wire_format() {
     wire_round_trip(&codec, &format!("{t}.outcomes"), many, tx_accepted()).await;
     wire_round_trip(&codec, &format!("{t}.outcomes"), many, tx_confirmed()).await;
     wire_round_trip(&codec, &format!("{t}.outcomes"), many, tx_failed()).await;
+    wire_round_trip(&codec, &format!("{t}.spot.commands"), one, spot_command()).await;
+    wire_round_trip(&codec, &format!("{t}.spot.events"), one, spot_reply()).await;
 }
 
 #[tokio::test]

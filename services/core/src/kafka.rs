@@ -190,6 +190,18 @@ impl Topics {
     pub fn dlq(&self) -> String {
         self.name("dlq")
     }
+    /// The spot ledger's commands (SpotCommand), keyed by user id.
+    pub fn spot_commands(&self) -> String {
+        self.name("spot.commands")
+    }
+    /// The spot ledger's replies (SpotReply), keyed by user id.
+    pub fn spot_events(&self) -> String {
+        self.name("spot.events")
+    }
+    /// The spot ledger's topics (and the dead-letter topic it shares).
+    pub fn spot(&self) -> Vec<String> {
+        vec![self.spot_commands(), self.spot_events(), self.dlq()]
+    }
     /// Every topic of the transaction pipeline.
     pub fn all(&self) -> Vec<String> {
         vec![

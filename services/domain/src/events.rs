@@ -305,8 +305,65 @@ pub struct TxReplaced {
 }
 event!(TxReplaced, "tx_replaced.avsc", tx_id);
 
+/// The operation of a [`SpotCommand`] (seed 004 §5.3, the spot ledger). CREDIT and DEBIT are
+/// idempotent by `(req_id, op)`, so a transfer's DEBIT and the CREDIT that compensates it are two
+/// operations, each applied at most once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SpotOp {
+    Credit,
+    Debit,
+    Balance,
+    Freeze,
+    Unfreeze,
+}
+
+/// A command to the spot ledger on `spot.commands`, keyed by `user_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpotCommand {
+    pub event_id: String,
+    pub req_id: String,
+    pub user_id: String,
+    pub asset: String,
+    /// An exact decimal string, never a float.
+    pub amount: String,
+    pub op: SpotOp,
+    /// A CREDIT refunding this transfer's own spot DEBIT (applied even to a frozen account).
+    #[serde(default)]
+    pub compensation: bool,
+}
+event!(SpotCommand, "spot_command.avsc");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SpotOutcome {
+    Applied,
+    AlreadyApplied,
+    Rejected,
+}
+
+/// The spot ledger's answer on `spot.events`, keyed by `user_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpotReply {
+    pub event_id: String,
+    pub req_id: String,
+    pub op: SpotOp,
+    pub user_id: String,
+    pub asset: String,
+    pub outcome: SpotOutcome,
+    #[serde(default)]
+    pub code: Option<String>,
+    /// An exact decimal string.
+    #[serde(default)]
+    pub balance: Option<String>,
+    #[serde(default)]
+    pub wal_seq: Option<i64>,
+    pub replied_at_ms: i64,
+}
+event!(SpotReply, "spot_reply.avsc");
+
 /// The schema files of the pipeline, for tools that register or list them.
-pub const ALL_SCHEMAS: [(&str, &str); 11] = [
+pub const ALL_SCHEMAS: [(&str, &str); 13] = [
     (TxRequest::FULL_NAME, TxRequest::SCHEMA_JSON),
     (TxAccepted::FULL_NAME, TxAccepted::SCHEMA_JSON),
     (TxAllocated::FULL_NAME, TxAllocated::SCHEMA_JSON),
@@ -321,6 +378,8 @@ pub const ALL_SCHEMAS: [(&str, &str); 11] = [
     (TxFailed::FULL_NAME, TxFailed::SCHEMA_JSON),
     (TxCommand::FULL_NAME, TxCommand::SCHEMA_JSON),
     (TxReplaced::FULL_NAME, TxReplaced::SCHEMA_JSON),
+    (SpotCommand::FULL_NAME, SpotCommand::SCHEMA_JSON),
+    (SpotReply::FULL_NAME, SpotReply::SCHEMA_JSON),
 ];
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 //! - [`policy`]: whitelist, value limit, approval threshold.
 //! - [`nonce_proof`]: whose nonce it is, on the chain's proof (REPLACED only when proven).
 //! - [`retry`]: the retry classification every error type carries.
+//! - [`transfer`]: internal transfers (seed 004): their state machine, reversibility rule and
+//!   validation.
 //!
 //! Architecture invariant: this crate depends on no sqlx, rdkafka or reqwest (nor anything else
 //! that does I/O); `cargo tree -p txflow-domain` shows it.
@@ -21,6 +23,7 @@ pub mod policy;
 pub mod retry;
 pub mod role;
 pub mod state;
+pub mod transfer;
 
 pub use failure::FailureCode;
 pub use ids::{ChainId, FencingToken, InvalidAddress, NodeId, Signer, TxPayload};

@@ -1,6 +1,12 @@
 //! The transfer-coordinator role. Moves funds between the funding ledger and the trading core (seed 004).
 //!
-//! Not built yet: its entry point returns [`NotImplemented`] until its issue lands (none is filed yet).
+//! Built so far (issue 18, in progress): the FUNDING adapter ([`funding`]) and the coordinator's
+//! pure decisions ([`decide`]); the state machine and validation are the domain's
+//! (`txflow_core::transfer`). The stage itself is not built yet: its entry point returns
+//! [`NotImplemented`].
+
+pub mod decide;
+pub mod funding;
 
 use txflow_core::config::Config;
 use txflow_core::role::{NotImplemented, Role};
@@ -9,6 +15,6 @@ use txflow_core::role::{NotImplemented, Role};
 pub async fn run(_config: &Config) -> Result<(), NotImplemented> {
     Err(NotImplemented {
         role: Role::TransferCoordinator,
-        issue: None,
+        issue: Some(18),
     })
 }

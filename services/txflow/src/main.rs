@@ -234,7 +234,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         Command::ReceiptChecker => run_role(Role::ReceiptChecker, &config).await,
         Command::ConfirmationManager => run_role(Role::ConfirmationManager, &config).await,
         Command::TransferCoordinator => run_role(Role::TransferCoordinator, &config).await,
-        Command::SpotLedger => run_role(Role::SpotLedger, &config).await,
+        Command::SpotLedger => Ok(txflow_spot_ledger::run(&config).await?),
         Command::Gateway => run_role(Role::Gateway, &config).await,
         Command::Up(args) => up::run(&config, args).await,
         Command::Migrate => {

@@ -130,7 +130,11 @@ pub async fn run_role(role: Role, deps: &Deps, shutdown: CancellationToken) -> a
 pub async fn run_unbuilt(role: Role, config: &Config) -> anyhow::Result<()> {
     match role {
         Role::TransferCoordinator => txflow_transfer_coordinator::run(config).await?,
-        Role::SpotLedger => txflow_spot_ledger::run(config).await?,
+        // Built, but one process per ledger (its write-ahead log is locked): it runs as
+        // `txflow spot-ledger`, never inside another command.
+        Role::SpotLedger => {
+            anyhow::bail!("not started here: run `txflow spot-ledger` (one process per ledger)")
+        }
         Role::Gateway => txflow_gateway::run(config).await?,
         Role::Allocator
         | Role::SignerGateway
