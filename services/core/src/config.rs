@@ -126,6 +126,16 @@ pub struct Config {
     /// `OTEL_SERVICE_NAME` (`telemetry.service_name`, default unset: `txflow-<role>`, `txflow`
     /// for `up` and the tools): the `service.name` of exported traces.
     pub otel_service_name: Option<String>,
+    /// `spot.wal_dir` (`TXFLOW_SPOT_WAL_DIR`, default [`DEFAULT_SPOT_WAL_DIR`]): the spot
+    /// ledger's directory of its write-ahead log (`spot.wal`) and lock file (`LOCK`).
+    pub spot_wal_dir: std::path::PathBuf,
+    /// `spot.assets` (`TXFLOW_SPOT_ASSETS`, `CODE:PLACES,…`, default [`DEFAULT_SPOT_ASSETS`]):
+    /// the assets the spot ledger holds and the decimal places each allows.
+    pub spot_assets: SpotAssets,
+    /// `spot.timeout_ms` (`TXFLOW_SPOT_TIMEOUT_MS`, default 5000): how long the transfer
+    /// coordinator's SPOT adapter waits for the spot ledger's reply (the produce included)
+    /// before it answers TIMEOUT — outcome unknown, retried, never compensated.
+    pub spot_timeout_ms: u64,
 }
 
 impl std::fmt::Debug for Config {
@@ -184,6 +194,9 @@ impl std::fmt::Debug for Config {
                 &self.otlp_endpoint.as_deref().map(crate::chain::redact),
             )
             .field("otel_service_name", &self.otel_service_name)
+            .field("spot_wal_dir", &self.spot_wal_dir)
+            .field("spot_assets", &self.spot_assets)
+            .field("spot_timeout_ms", &self.spot_timeout_ms)
             .finish()
     }
 }
@@ -369,6 +382,9 @@ impl Default for Config {
             metrics_sample_ms: DEFAULT_METRICS_SAMPLE_MS,
             otlp_endpoint: None,
             otel_service_name: None,
+            spot_wal_dir: DEFAULT_SPOT_WAL_DIR.into(),
+            spot_assets: SpotAssets::default(),
+            spot_timeout_ms: 5_000,
         }
     }
 }
@@ -803,6 +819,40 @@ impl Config {
             let v = v.trim().to_string();
             c.otel_service_name = (!v.is_empty()).then_some(v);
         }
+        if let Some(v) = lookup("TXFLOW_SPOT_WAL_DIR") {
+            if v.trim().is_empty() {
+                return Err(ConfigError::Invalid {
+                    var: "TXFLOW_SPOT_WAL_DIR",
+                    value: v,
+                    why: "expected a directory",
+                });
+            }
+            c.spot_wal_dir = v.into();
+        }
+        if let Some(v) = lookup("TXFLOW_SPOT_TIMEOUT_MS") {
+            c.spot_timeout_ms = match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_SPOT_TIMEOUT_MS",
+                        value: v,
+                        why: "expected a positive number of milliseconds",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_SPOT_ASSETS") {
+            c.spot_assets = match SpotAssets::parse(&v) {
+                Ok(assets) => assets,
+                Err(e) => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_SPOT_ASSETS",
+                        value: v,
+                        why: e.why(),
+                    });
+                }
+            };
+        }
         Ok(())
     }
 
@@ -825,9 +875,179 @@ impl Config {
     }
 }
 
+/// The default of `spot.wal_dir`.
+pub const DEFAULT_SPOT_WAL_DIR: &str = "data/spot-ledger";
+/// The default of `spot.assets`.
+pub const DEFAULT_SPOT_ASSETS: &str = "USDT:6,USDC:6,BTC:8,ETH:8";
+/// The most decimal places a spot asset may have (what an exact decimal of 96 bits can hold).
+pub const MAX_SPOT_PLACES: u32 = 18;
+
+/// Why a `spot.assets` list (`TXFLOW_SPOT_ASSETS`) is refused.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SpotAssetsError {
+    #[error("{entry:?} is not CODE:PLACES (an upper-case code, 0 to {MAX_SPOT_PLACES} places)")]
+    Asset { entry: String },
+    #[error("asset {code} is listed twice")]
+    DuplicateAsset { code: String },
+    #[error("no asset is listed")]
+    NoAsset,
+}
+
+impl SpotAssetsError {
+    /// The rule broken, for [`ConfigError::Invalid`] (which shows the value itself).
+    pub fn why(&self) -> &'static str {
+        match self {
+            SpotAssetsError::Asset { .. } => {
+                "expected CODE:PLACES,… with upper-case codes (letters and digits, at most 16) and 0 to 18 places"
+            }
+            SpotAssetsError::DuplicateAsset { .. } => "an asset is listed twice",
+            SpotAssetsError::NoAsset => "no asset is listed",
+        }
+    }
+}
+
+/// The spot ledger's assets and the decimal places each allows (`spot.assets`,
+/// `TXFLOW_SPOT_ASSETS`): parsed and checked here only. Printed (`Display`, `Debug`) as
+/// `CODE:PLACES,…` in code order, which parses back to the same value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SpotAssets(std::collections::BTreeMap<String, u32>);
+
+impl SpotAssets {
+    /// Parses `CODE:PLACES,…` (spaces around entries allowed).
+    pub fn parse(s: &str) -> Result<SpotAssets, SpotAssetsError> {
+        let mut map = std::collections::BTreeMap::new();
+        for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let bad = || SpotAssetsError::Asset {
+                entry: entry.to_string(),
+            };
+            let (code, places) = entry.split_once(':').ok_or_else(bad)?;
+            let code = code.trim();
+            let places: u32 = places.trim().parse().map_err(|_| bad())?;
+            let code_ok = !code.is_empty()
+                && code.len() <= 16
+                && code
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit());
+            if !code_ok || places > MAX_SPOT_PLACES {
+                return Err(bad());
+            }
+            if map.insert(code.to_string(), places).is_some() {
+                return Err(SpotAssetsError::DuplicateAsset {
+                    code: code.to_string(),
+                });
+            }
+        }
+        if map.is_empty() {
+            return Err(SpotAssetsError::NoAsset);
+        }
+        Ok(SpotAssets(map))
+    }
+
+    /// The decimal places `asset` allows; `None` for an asset the ledger does not hold.
+    pub fn places(&self, asset: &str) -> Option<u32> {
+        self.0.get(asset).copied()
+    }
+}
+
+impl Default for SpotAssets {
+    fn default() -> Self {
+        // The constant is a valid list (a test parses it); built by hand so that no `expect`
+        // stands on the path.
+        SpotAssets(
+            [("BTC", 8), ("ETH", 8), ("USDC", 6), ("USDT", 6)]
+                .into_iter()
+                .map(|(code, places)| (code.to_string(), places))
+                .collect(),
+        )
+    }
+}
+
+impl std::fmt::Display for SpotAssets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (code, places)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{code}:{places}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for SpotAssets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spot_settings_follow_the_environment_and_a_bad_asset_list_is_refused() {
+        let d = Config::default();
+        assert_eq!(
+            d.spot_wal_dir,
+            std::path::PathBuf::from(DEFAULT_SPOT_WAL_DIR)
+        );
+        assert_eq!(
+            d.spot_assets,
+            SpotAssets::parse(DEFAULT_SPOT_ASSETS).expect("the default parses")
+        );
+        let c = Config::from_lookup(|k| match k {
+            "TXFLOW_SPOT_WAL_DIR" => Some("/tmp/w".into()),
+            "TXFLOW_SPOT_ASSETS" => Some("EUR:2, BTC:8".into()),
+            _ => None,
+        })
+        .expect("valid");
+        assert_eq!(c.spot_wal_dir, std::path::PathBuf::from("/tmp/w"));
+        assert_eq!(c.spot_assets.places("EUR"), Some(2));
+        assert_eq!(
+            c.spot_assets.places("USDT"),
+            None,
+            "the list replaces the default"
+        );
+        assert_eq!(c.spot_assets.to_string(), "BTC:8,EUR:2");
+        let shown = format!("{c:?}");
+        assert!(shown.contains("spot_assets: \"BTC:8,EUR:2\""), "{shown}");
+        for (var, bad) in [
+            ("TXFLOW_SPOT_ASSETS", "USDT"),
+            ("TXFLOW_SPOT_ASSETS", "usdt:6"),
+            ("TXFLOW_SPOT_ASSETS", "USDT:19"),
+            ("TXFLOW_SPOT_ASSETS", "BTC:8,BTC:6"),
+            ("TXFLOW_SPOT_ASSETS", " , "),
+            ("TXFLOW_SPOT_WAL_DIR", ""),
+        ] {
+            let err = Config::from_lookup(|k| (k == var).then(|| bad.into()))
+                .expect_err("an invalid value");
+            assert!(
+                matches!(err, ConfigError::Invalid { var: v, .. } if v == var),
+                "{var}={bad}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn spot_asset_lists_parse_codes_and_places() {
+        let a = SpotAssets::parse(" USDT:6, BTC:8 ,").expect("valid");
+        assert_eq!(a.places("USDT"), Some(6));
+        assert_eq!(a.places("BTC"), Some(8));
+        assert_eq!(a.places("usdt"), None);
+        assert_eq!(a.places("ETH"), None);
+        assert_eq!(SpotAssets::parse(&a.to_string()), Ok(a));
+        for bad in ["USDT", "USDT:x", "usdt:6", "USDT:19", ":6", "USDT:-1"] {
+            assert!(
+                matches!(SpotAssets::parse(bad), Err(SpotAssetsError::Asset { .. })),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            SpotAssets::parse("BTC:8,BTC:6"),
+            Err(SpotAssetsError::DuplicateAsset { code: "BTC".into() })
+        );
+        assert_eq!(SpotAssets::parse(" , "), Err(SpotAssetsError::NoAsset));
+    }
 
     #[test]
     fn environment_overrides_defaults() {

@@ -72,6 +72,9 @@ pub const KEYS: &[(&str, &str)] = &[
     ("metrics.sample_ms", "TXFLOW_METRICS_SAMPLE_MS"),
     ("telemetry.otlp_endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"),
     ("telemetry.service_name", "OTEL_SERVICE_NAME"),
+    ("spot.wal_dir", "TXFLOW_SPOT_WAL_DIR"),
+    ("spot.assets", "TXFLOW_SPOT_ASSETS"),
+    ("spot.timeout_ms", "TXFLOW_SPOT_TIMEOUT_MS"),
 ];
 
 /// The file's contents, section by section; a key left out keeps the value below it.
@@ -97,6 +100,7 @@ pub struct ConfigFile {
     pub log: LogSection,
     pub metrics: MetricsSection,
     pub telemetry: TelemetrySection,
+    pub spot: SpotSection,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -229,6 +233,17 @@ pub struct MetricsSection {
 pub struct TelemetrySection {
     pub otlp_endpoint: Option<String>,
     pub service_name: Option<String>,
+}
+
+/// The spot ledger (`txflow spot-ledger`): its write-ahead log and its assets.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpotSection {
+    pub wal_dir: Option<PathBuf>,
+    /// `CODE:PLACES,…`, as `TXFLOW_SPOT_ASSETS`.
+    pub assets: Option<String>,
+    /// `TXFLOW_SPOT_TIMEOUT_MS`: the SPOT adapter's wait for a reply.
+    pub timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -454,10 +469,19 @@ impl ConfigFile {
             ),
             ("OTEL_SERVICE_NAME", s.telemetry.service_name.clone()),
         ];
+        let spot: [(&'static str, Option<String>); 3] = [
+            ("TXFLOW_SPOT_WAL_DIR", s.spot.wal_dir.as_deref().map(path)),
+            ("TXFLOW_SPOT_ASSETS", s.spot.assets.clone()),
+            (
+                "TXFLOW_SPOT_TIMEOUT_MS",
+                s.spot.timeout_ms.map(|v| v.to_string()),
+            ),
+        ];
         values
             .into_iter()
             .chain(metrics)
             .chain(telemetry)
+            .chain(spot)
             .filter_map(|(var, v)| v.map(|v| (var, v)))
             .collect()
     }
@@ -535,6 +559,9 @@ impl ConfigFile {
             metrics_sample_ms,
             otlp_endpoint,
             otel_service_name,
+            spot_wal_dir,
+            spot_assets,
+            spot_timeout_ms,
         } = config;
         ConfigFile {
             database: DatabaseSection {
@@ -616,6 +643,11 @@ impl ConfigFile {
             telemetry: TelemetrySection {
                 otlp_endpoint: otlp_endpoint.as_deref().map(crate::chain::redact),
                 service_name: otel_service_name.clone(),
+            },
+            spot: SpotSection {
+                wal_dir: Some(spot_wal_dir.clone()),
+                assets: Some(spot_assets.to_string()),
+                timeout_ms: Some(*spot_timeout_ms),
             },
         }
     }
@@ -729,6 +761,48 @@ mod tests {
     }
 
     #[test]
+    fn spot_keys_are_set_by_the_file_and_overridden_by_the_environment() {
+        let file = TempFile::new("[spot]\nwal_dir = \"/file/wal\"\nassets = \"EUR:2,BTC:8\"\n");
+        let c = Config::load(Some(&file.0), env(&[])).expect("valid");
+        assert_eq!(c.spot_wal_dir, PathBuf::from("/file/wal"));
+        assert_eq!(c.spot_assets.places("EUR"), Some(2));
+        assert_eq!(c.spot_assets.places("USDT"), None);
+
+        let c = Config::load(
+            Some(&file.0),
+            env(&[
+                ("TXFLOW_SPOT_WAL_DIR", "/env/wal"),
+                ("TXFLOW_SPOT_ASSETS", "USDT:6"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(
+            c.spot_wal_dir,
+            PathBuf::from("/env/wal"),
+            "the environment wins"
+        );
+        assert_eq!(
+            c.spot_assets.places("USDT"),
+            Some(6),
+            "the environment wins"
+        );
+        assert_eq!(c.spot_assets.places("EUR"), None);
+
+        // One key from each layer.
+        let c =
+            Config::load(Some(&file.0), env(&[("TXFLOW_SPOT_ASSETS", "USDT:6")])).expect("valid");
+        assert_eq!(c.spot_wal_dir, PathBuf::from("/file/wal"));
+        assert_eq!(c.spot_assets.places("USDT"), Some(6));
+
+        // Printed by `txflow config`, and read back as itself.
+        let printed = TempFile::new(&c.to_toml_redacted().expect("printable"));
+        assert_eq!(
+            Config::load(Some(&printed.0), env(&[])).expect("reads back"),
+            c
+        );
+    }
+
+    #[test]
     fn without_a_file_loading_is_the_environment_over_the_defaults() {
         let vars = [("TXFLOW_PARTITIONS", "4"), ("TXFLOW_NODE_NAME", "n1")];
         assert_eq!(
@@ -793,6 +867,9 @@ mod tests {
             ("[rpc]\nurls = [\"http://a,b\"]\n", "rpc.urls"),
             ("[nonce]\nmax_in_flight = 0\n", "nonce.max_in_flight"),
             ("[approval]\ntimeout_ms = 10\n", "approval.timeout_ms"),
+            ("[spot]\nassets = \"BTC:8,BTC:6\"\n", "spot.assets"),
+            ("[spot]\nassets = \"usdt:6\"\n", "spot.assets"),
+            ("[spot]\nwal_dir = \"\"\n", "spot.wal_dir"),
         ] {
             let err = parse(text)
                 .and_then(|f| f.apply(&mut Config::default()))

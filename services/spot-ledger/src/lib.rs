@@ -8,7 +8,7 @@
 //! same log directory refuses to start (an exclusive lock); a second process on another directory
 //! would be another ledger and diverge — do not run two.
 //!
-//! - `config.rs`: its settings (`TXFLOW_SPOT_WAL_DIR`, `TXFLOW_SPOT_ASSETS`);
+//! - `config.rs`: its settings, from the shared `Config` (`spot.wal_dir`, `spot.assets`);
 //! - `decide.rs`: the ledger in RAM and the pure decisions;
 //! - `store.rs`: the write-ahead log;
 //! - `handler.rs`: the consume → decide → append → reply → commit loop.
@@ -27,15 +27,13 @@ use tokio_util::sync::CancellationToken;
 use txflow_core::config::Config;
 use txflow_core::kafka::{TopicAdminError, ensure_topics};
 
-use crate::config::{SpotConfig, SpotConfigError};
+use crate::config::SpotConfig;
 use crate::decide::{ApplyError, Ledger};
 use crate::store::{Wal, WalError};
 
 /// Why the spot ledger stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum SpotError {
-    #[error("spot-ledger configuration")]
-    Config(#[from] SpotConfigError),
     #[error("spot-ledger write-ahead log")]
     Wal(#[from] WalError),
     #[error("spot-ledger: the write-ahead log does not replay")]
@@ -69,7 +67,7 @@ pub fn recover(config: &SpotConfig) -> Result<(Wal, Ledger), SpotError> {
 
 /// Runs the role until SIGINT or SIGTERM.
 pub async fn run(config: &Config) -> Result<(), SpotError> {
-    let config = SpotConfig::from_config(config, |k| std::env::var(k).ok())?;
+    let config = SpotConfig::from_config(config);
     let shutdown = CancellationToken::new();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(SpotError::Signals)?;

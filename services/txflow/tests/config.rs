@@ -232,3 +232,77 @@ fn txflow_config_shows_no_secret() {
         "a path is no secret"
     );
 }
+
+#[test]
+fn the_spot_ledger_settings_come_from_the_file_and_the_environment_overrides_them() {
+    let dir = Dir::new();
+    let file = dir.file(
+        "txflow.toml",
+        "[spot]\nwal_dir = \"/file/spot\"\nassets = \"EUR:2,BTC:8\"\n",
+    );
+    let from_file = effective(
+        &txflow()
+            .arg("--config")
+            .arg(&file)
+            .arg("config")
+            .output()
+            .expect("run txflow config"),
+    );
+    assert_eq!(
+        from_file.spot.wal_dir.as_deref(),
+        Some(Path::new("/file/spot"))
+    );
+    assert_eq!(from_file.spot.assets.as_deref(), Some("BTC:8,EUR:2"));
+
+    let env_over_file = effective(
+        &txflow()
+            .arg("--config")
+            .arg(&file)
+            .env("TXFLOW_SPOT_WAL_DIR", "/env/spot")
+            .env("TXFLOW_SPOT_ASSETS", "USDT:6")
+            .arg("config")
+            .output()
+            .expect("run txflow config"),
+    );
+    assert_eq!(
+        env_over_file.spot.wal_dir.as_deref(),
+        Some(Path::new("/env/spot"))
+    );
+    assert_eq!(env_over_file.spot.assets.as_deref(), Some("USDT:6"));
+
+    let defaults = effective(&txflow().arg("config").output().expect("run txflow config"));
+    assert_eq!(
+        defaults.spot.wal_dir.as_deref(),
+        Some(Path::new("data/spot-ledger"))
+    );
+    assert_eq!(
+        defaults.spot.assets.as_deref(),
+        Some("BTC:8,ETH:8,USDC:6,USDT:6")
+    );
+
+    // A malformed list stops txflow (and the spot ledger, before it opens its log) with the
+    // variable, or the key, named.
+    for (cmd, var) in [
+        ("config", "TXFLOW_SPOT_ASSETS"),
+        ("spot-ledger", "TXFLOW_SPOT_ASSETS"),
+    ] {
+        let out = txflow()
+            .env("TXFLOW_SPOT_ASSETS", "BTC:8,BTC:6")
+            .env("TXFLOW_SPOT_WAL_DIR", dir.0.join("wal"))
+            .arg(cmd)
+            .output()
+            .expect("run txflow");
+        assert!(!out.status.success(), "{cmd} accepted it:\n{}", text(&out));
+        assert!(text(&out).contains(var), "{cmd}:\n{}", text(&out));
+        assert!(!dir.0.join("wal").exists(), "{cmd} opened the log");
+    }
+    let bad = dir.file("bad.toml", "[spot]\nassets = \"usdt:6\"\n");
+    let out = txflow()
+        .arg("--config")
+        .arg(&bad)
+        .arg("config")
+        .output()
+        .expect("run txflow config");
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("spot.assets"), "{}", text(&out));
+}
