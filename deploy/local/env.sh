@@ -44,6 +44,9 @@ TXFLOW_ANVIL_PORT="${TXFLOW_ANVIL_PORT:-18545}"
 TXFLOW_PG_URL="${TXFLOW_PG_URL:-postgres://postgres@127.0.0.1:5432}"
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$TXFLOW_CACHE/target}"
+# No incremental compilation data: it doubles the target directory (15 GB here) and buys little
+# for a suite that rebuilds the workspace crates once per checkout; a full disk fails the build.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 log() { printf '[txflow] %s\n' "$*" >&2; }
 die() { printf '[txflow] error: %s\n' "$*" >&2; exit 1; }
