@@ -136,6 +136,9 @@ pub struct Config {
     /// coordinator's SPOT adapter waits for the spot ledger's reply (the produce included)
     /// before it answers TIMEOUT — outcome unknown, retried, never compensated.
     pub spot_timeout_ms: u64,
+    /// `gateway.*` (`TXFLOW_GATEWAY_*`): the HTTP gateway's address, JWT verification and rate
+    /// limit (see [`GatewaySettings`]).
+    pub gateway: GatewaySettings,
 }
 
 impl std::fmt::Debug for Config {
@@ -197,6 +200,7 @@ impl std::fmt::Debug for Config {
             .field("spot_wal_dir", &self.spot_wal_dir)
             .field("spot_assets", &self.spot_assets)
             .field("spot_timeout_ms", &self.spot_timeout_ms)
+            .field("gateway", &self.gateway)
             .finish()
     }
 }
@@ -385,6 +389,7 @@ impl Default for Config {
             spot_wal_dir: DEFAULT_SPOT_WAL_DIR.into(),
             spot_assets: SpotAssets::default(),
             spot_timeout_ms: 5_000,
+            gateway: GatewaySettings::default(),
         }
     }
 }
@@ -853,6 +858,7 @@ impl Config {
                 }
             };
         }
+        c.gateway.apply_env(&lookup)?;
         Ok(())
     }
 
@@ -871,6 +877,125 @@ impl Config {
             .filter(|k| !k.is_empty())
             .collect();
         self.signer_keys = Secret::new(keys.join(","));
+        Ok(())
+    }
+}
+
+/// The default of `gateway.addr`.
+pub const DEFAULT_GATEWAY_ADDR: &str = "127.0.0.1:8080";
+
+/// The HTTP gateway's settings (`txflow gateway`). Only paths to the JWT keys are held: the key
+/// files are read when the gateway starts, and no key is ever printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewaySettings {
+    /// `gateway.addr` (`TXFLOW_GATEWAY_ADDR`, default [`DEFAULT_GATEWAY_ADDR`]).
+    pub addr: String,
+    /// `gateway.jwt_alg` (`TXFLOW_GATEWAY_JWT_ALG`, `HS256` by default, or `RS256`).
+    pub jwt_alg: JwtAlg,
+    /// `gateway.jwt_secret_file` (`TXFLOW_GATEWAY_JWT_SECRET_FILE`): the HS256 shared secret.
+    pub jwt_secret_file: Option<std::path::PathBuf>,
+    /// `gateway.jwt_public_key_file` (`TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE`): the RS256 public key
+    /// (PEM).
+    pub jwt_public_key_file: Option<std::path::PathBuf>,
+    /// `gateway.rate_per_sec` (`TXFLOW_GATEWAY_RATE_PER_SEC`, default 10, seed 004 §1.5.6):
+    /// transfer requests per second per user, per gateway process.
+    pub rate_per_sec: u32,
+    /// `gateway.rate_burst` (`TXFLOW_GATEWAY_RATE_BURST`, default 10): the bucket's size.
+    pub rate_burst: u32,
+    /// `gateway.timeout_ms` (`TXFLOW_GATEWAY_TIMEOUT_MS`, default 10000): a request not answered
+    /// by then gets 503 SYSTEM_ERROR.
+    pub timeout_ms: u64,
+}
+
+/// The JWT signature algorithms the gateway verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JwtAlg {
+    Hs256,
+    Rs256,
+}
+
+impl JwtAlg {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JwtAlg::Hs256 => "HS256",
+            JwtAlg::Rs256 => "RS256",
+        }
+    }
+}
+
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        GatewaySettings {
+            addr: DEFAULT_GATEWAY_ADDR.into(),
+            jwt_alg: JwtAlg::Hs256,
+            jwt_secret_file: None,
+            jwt_public_key_file: None,
+            rate_per_sec: 10,
+            rate_burst: 10,
+            timeout_ms: 10_000,
+        }
+    }
+}
+
+impl GatewaySettings {
+    fn apply_env(&mut self, lookup: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if let Some(v) = lookup("TXFLOW_GATEWAY_ADDR") {
+            if v.parse::<std::net::SocketAddr>().is_err() {
+                return Err(ConfigError::Invalid {
+                    var: "TXFLOW_GATEWAY_ADDR",
+                    value: v,
+                    why: "expected an address and port, e.g. 0.0.0.0:8080",
+                });
+            }
+            self.addr = v;
+        }
+        if let Some(v) = lookup("TXFLOW_GATEWAY_JWT_ALG") {
+            self.jwt_alg = match v.as_str() {
+                "HS256" => JwtAlg::Hs256,
+                "RS256" => JwtAlg::Rs256,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_GATEWAY_JWT_ALG",
+                        value: v,
+                        why: "expected HS256 or RS256",
+                    });
+                }
+            };
+        }
+        let path = |var: &'static str, v: String| {
+            if v.trim().is_empty() {
+                Err(ConfigError::Invalid {
+                    var,
+                    value: v,
+                    why: "expected a file",
+                })
+            } else {
+                Ok(Some(std::path::PathBuf::from(v)))
+            }
+        };
+        if let Some(v) = lookup("TXFLOW_GATEWAY_JWT_SECRET_FILE") {
+            self.jwt_secret_file = path("TXFLOW_GATEWAY_JWT_SECRET_FILE", v)?;
+        }
+        if let Some(v) = lookup("TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE") {
+            self.jwt_public_key_file = path("TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE", v)?;
+        }
+        let whole = |var: &'static str, v: String, max: u64| match v.trim().parse::<u64>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(ConfigError::Invalid {
+                var,
+                value: v,
+                why: "expected a positive whole number (within its limit)",
+            }),
+        };
+        if let Some(v) = lookup("TXFLOW_GATEWAY_RATE_PER_SEC") {
+            self.rate_per_sec = whole("TXFLOW_GATEWAY_RATE_PER_SEC", v, 1_000_000)? as u32;
+        }
+        if let Some(v) = lookup("TXFLOW_GATEWAY_RATE_BURST") {
+            self.rate_burst = whole("TXFLOW_GATEWAY_RATE_BURST", v, 1_000_000)? as u32;
+        }
+        if let Some(v) = lookup("TXFLOW_GATEWAY_TIMEOUT_MS") {
+            self.timeout_ms = whole("TXFLOW_GATEWAY_TIMEOUT_MS", v, 600_000)?;
+        }
         Ok(())
     }
 }
@@ -1047,6 +1172,43 @@ mod tests {
             Err(SpotAssetsError::DuplicateAsset { code: "BTC".into() })
         );
         assert_eq!(SpotAssets::parse(" , "), Err(SpotAssetsError::NoAsset));
+    }
+
+    #[test]
+    fn gateway_settings_follow_the_environment_and_hold_no_key() {
+        let d = Config::default().gateway;
+        assert_eq!(
+            (d.addr.as_str(), d.jwt_alg, d.rate_per_sec),
+            (DEFAULT_GATEWAY_ADDR, JwtAlg::Hs256, 10)
+        );
+        let c = Config::from_lookup(|k| match k {
+            "TXFLOW_GATEWAY_ADDR" => Some("0.0.0.0:9000".into()),
+            "TXFLOW_GATEWAY_JWT_ALG" => Some("RS256".into()),
+            "TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE" => Some("/etc/jwt.pem".into()),
+            "TXFLOW_GATEWAY_RATE_PER_SEC" => Some("5".into()),
+            _ => None,
+        })
+        .expect("valid");
+        assert_eq!(c.gateway.addr, "0.0.0.0:9000");
+        assert_eq!(c.gateway.jwt_alg, JwtAlg::Rs256);
+        assert_eq!(
+            c.gateway.jwt_public_key_file,
+            Some(std::path::PathBuf::from("/etc/jwt.pem"))
+        );
+        assert_eq!(c.gateway.rate_per_sec, 5);
+        for (var, bad) in [
+            ("TXFLOW_GATEWAY_ADDR", "localhost"),
+            ("TXFLOW_GATEWAY_JWT_ALG", "none"),
+            ("TXFLOW_GATEWAY_JWT_ALG", "hs256"),
+            ("TXFLOW_GATEWAY_JWT_SECRET_FILE", ""),
+            ("TXFLOW_GATEWAY_RATE_PER_SEC", "0"),
+            ("TXFLOW_GATEWAY_RATE_BURST", "x"),
+            ("TXFLOW_GATEWAY_TIMEOUT_MS", "600001"),
+        ] {
+            let err = Config::from_lookup(|k| (k == var).then(|| bad.into()))
+                .expect_err("an invalid value");
+            assert!(err.to_string().contains(var), "{var}={bad}: {err}");
+        }
     }
 
     #[test]

@@ -75,6 +75,16 @@ pub const KEYS: &[(&str, &str)] = &[
     ("spot.wal_dir", "TXFLOW_SPOT_WAL_DIR"),
     ("spot.assets", "TXFLOW_SPOT_ASSETS"),
     ("spot.timeout_ms", "TXFLOW_SPOT_TIMEOUT_MS"),
+    ("gateway.addr", "TXFLOW_GATEWAY_ADDR"),
+    ("gateway.jwt_alg", "TXFLOW_GATEWAY_JWT_ALG"),
+    ("gateway.jwt_secret_file", "TXFLOW_GATEWAY_JWT_SECRET_FILE"),
+    (
+        "gateway.jwt_public_key_file",
+        "TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE",
+    ),
+    ("gateway.rate_per_sec", "TXFLOW_GATEWAY_RATE_PER_SEC"),
+    ("gateway.rate_burst", "TXFLOW_GATEWAY_RATE_BURST"),
+    ("gateway.timeout_ms", "TXFLOW_GATEWAY_TIMEOUT_MS"),
 ];
 
 /// The file's contents, section by section; a key left out keeps the value below it.
@@ -101,6 +111,7 @@ pub struct ConfigFile {
     pub metrics: MetricsSection,
     pub telemetry: TelemetrySection,
     pub spot: SpotSection,
+    pub gateway: GatewaySection,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -243,6 +254,20 @@ pub struct SpotSection {
     /// `CODE:PLACES,…`, as `TXFLOW_SPOT_ASSETS`.
     pub assets: Option<String>,
     /// `TXFLOW_SPOT_TIMEOUT_MS`: the SPOT adapter's wait for a reply.
+    pub timeout_ms: Option<u64>,
+}
+
+/// The HTTP gateway (`txflow gateway`). Its JWT keys are given by file reference only.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewaySection {
+    pub addr: Option<String>,
+    /// `HS256` or `RS256`.
+    pub jwt_alg: Option<String>,
+    pub jwt_secret_file: Option<PathBuf>,
+    pub jwt_public_key_file: Option<PathBuf>,
+    pub rate_per_sec: Option<u32>,
+    pub rate_burst: Option<u32>,
     pub timeout_ms: Option<u64>,
 }
 
@@ -477,11 +502,37 @@ impl ConfigFile {
                 s.spot.timeout_ms.map(|v| v.to_string()),
             ),
         ];
+        let g = &s.gateway;
+        let gateway: [(&'static str, Option<String>); 7] = [
+            ("TXFLOW_GATEWAY_ADDR", g.addr.clone()),
+            ("TXFLOW_GATEWAY_JWT_ALG", g.jwt_alg.clone()),
+            (
+                "TXFLOW_GATEWAY_JWT_SECRET_FILE",
+                g.jwt_secret_file.as_deref().map(path),
+            ),
+            (
+                "TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE",
+                g.jwt_public_key_file.as_deref().map(path),
+            ),
+            (
+                "TXFLOW_GATEWAY_RATE_PER_SEC",
+                g.rate_per_sec.map(|v| v.to_string()),
+            ),
+            (
+                "TXFLOW_GATEWAY_RATE_BURST",
+                g.rate_burst.map(|v| v.to_string()),
+            ),
+            (
+                "TXFLOW_GATEWAY_TIMEOUT_MS",
+                g.timeout_ms.map(|v| v.to_string()),
+            ),
+        ];
         values
             .into_iter()
             .chain(metrics)
             .chain(telemetry)
             .chain(spot)
+            .chain(gateway)
             .filter_map(|(var, v)| v.map(|v| (var, v)))
             .collect()
     }
@@ -562,6 +613,7 @@ impl ConfigFile {
             spot_wal_dir,
             spot_assets,
             spot_timeout_ms,
+            gateway,
         } = config;
         ConfigFile {
             database: DatabaseSection {
@@ -648,6 +700,16 @@ impl ConfigFile {
                 wal_dir: Some(spot_wal_dir.clone()),
                 assets: Some(spot_assets.to_string()),
                 timeout_ms: Some(*spot_timeout_ms),
+            },
+            gateway: GatewaySection {
+                addr: Some(gateway.addr.clone()),
+                jwt_alg: Some(gateway.jwt_alg.as_str().to_string()),
+                // Paths, never the keys.
+                jwt_secret_file: gateway.jwt_secret_file.clone(),
+                jwt_public_key_file: gateway.jwt_public_key_file.clone(),
+                rate_per_sec: Some(gateway.rate_per_sec),
+                rate_burst: Some(gateway.rate_burst),
+                timeout_ms: Some(gateway.timeout_ms),
             },
         }
     }

@@ -235,7 +235,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         Command::ConfirmationManager => run_role(Role::ConfirmationManager, &config).await,
         Command::TransferCoordinator => run_role(Role::TransferCoordinator, &config).await,
         Command::SpotLedger => Ok(txflow_spot_ledger::run(&config).await?),
-        Command::Gateway => run_role(Role::Gateway, &config).await,
+        Command::Gateway => Ok(txflow_gateway::run(&config).await?),
         Command::Up(args) => up::run(&config, args).await,
         Command::Migrate => {
             let pool = txflow_core::db::connect(&config.database_url, 2).await?;

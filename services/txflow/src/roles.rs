@@ -135,7 +135,11 @@ pub async fn run_unbuilt(role: Role, config: &Config) -> anyhow::Result<()> {
         Role::SpotLedger => {
             anyhow::bail!("not started here: run `txflow spot-ledger` (one process per ledger)")
         }
-        Role::Gateway => txflow_gateway::run(config).await?,
+        // Built (issue 18, in progress): an HTTP server with its own signal handling and JWT key,
+        // run as `txflow gateway`; `txflow up` does not start it yet.
+        Role::Gateway => {
+            anyhow::bail!("not started here: run `txflow gateway`")
+        }
         Role::Allocator
         | Role::SignerGateway
         | Role::Broadcaster

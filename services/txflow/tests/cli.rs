@@ -38,12 +38,15 @@ fn help_lists_every_role_and_command() {
 #[test]
 fn a_role_not_built_yet_says_so_and_fails() {
     let out = txflow()
-        .arg("gateway")
+        .arg("transfer-coordinator")
         .output()
-        .expect("run txflow gateway");
+        .expect("run txflow transfer-coordinator");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("gateway role is not implemented yet"), "{err}");
+    assert!(
+        err.contains("transfer-coordinator role is not implemented yet"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
