@@ -209,38 +209,9 @@ impl Handler {
             offset = m.offset(),
             "spot-ledger: dead-lettering a command"
         );
-        let partition = m.partition().to_string();
-        let offset = m.offset().to_string();
         loop {
-            let headers = OwnedHeaders::new()
-                .insert(Header {
-                    key: "error.code",
-                    value: Some(code.as_bytes()),
-                })
-                .insert(Header {
-                    key: "error.message",
-                    value: Some(reason.as_bytes()),
-                })
-                .insert(Header {
-                    key: "source.topic",
-                    value: Some(m.topic().as_bytes()),
-                })
-                .insert(Header {
-                    key: "source.partition",
-                    value: Some(partition.as_bytes()),
-                })
-                .insert(Header {
-                    key: "source.offset",
-                    value: Some(offset.as_bytes()),
-                });
-            let mut record: FutureRecord<'_, [u8], [u8]> =
-                FutureRecord::to(&self.config.dlq_topic).headers(headers);
-            if let Some(k) = m.key() {
-                record = record.key(k);
-            }
-            if let Some(p) = m.payload() {
-                record = record.payload(p);
-            }
+            let record =
+                txflow_core::stage::dead_letter_record(&self.config.dlq_topic, m, code, reason);
             match self.producer.send(record, Duration::from_secs(30)).await {
                 Ok(_) => return Done::Handled,
                 Err((e, _)) => {

@@ -59,7 +59,7 @@ use crate::telemetry;
 pub use config::StageConfig;
 pub use consumer::StageContext;
 pub use handler::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
-pub use produce::child_traceparent;
+pub use produce::{child_traceparent, dead_letter_record};
 
 use consumer::{AssignmentWatch, Polled, RebalanceEvent};
 use leases::HeldLeases;

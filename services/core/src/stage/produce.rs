@@ -111,37 +111,7 @@ impl<H: Handler> StageRuntime<H> {
         m: &BorrowedMessage<'_>,
         r: &Rejection,
     ) -> bool {
-        let partition = m.partition().to_string();
-        let offset = m.offset().to_string();
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: "error.code",
-                value: Some(r.code.as_bytes()),
-            })
-            .insert(Header {
-                key: "error.message",
-                value: Some(r.message.as_bytes()),
-            })
-            .insert(Header {
-                key: "source.topic",
-                value: Some(m.topic().as_bytes()),
-            })
-            .insert(Header {
-                key: "source.partition",
-                value: Some(partition.as_bytes()),
-            })
-            .insert(Header {
-                key: "source.offset",
-                value: Some(offset.as_bytes()),
-            });
-        let mut record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&self.config.dlq_topic).headers(headers);
-        if let Some(k) = m.key() {
-            record = record.key(k);
-        }
-        if let Some(p) = m.payload() {
-            record = record.payload(p);
-        }
+        let record = dead_letter_record(&self.config.dlq_topic, m, &r.code, &r.message);
         match producer.send(record, Duration::from_secs(30)).await {
             Ok(_) => {
                 telemetry::DeadLettered {
@@ -171,6 +141,48 @@ pub(super) fn header(m: &BorrowedMessage<'_>, name: &str) -> Option<String> {
         .find(|h| h.key == name)
         .and_then(|h| h.value)
         .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// The dead-letter record of `m`: its key and payload as they came, the reason (`error.code`,
+/// `error.message`) and where it came from (`source.topic`, `.partition`, `.offset`) in headers.
+/// Every consumer that dead-letters (the stage runtime, the spot ledger) builds it here.
+pub fn dead_letter_record<'a>(
+    dlq_topic: &'a str,
+    m: &'a BorrowedMessage<'_>,
+    code: &str,
+    message: &str,
+) -> FutureRecord<'a, [u8], [u8]> {
+    let partition = m.partition().to_string();
+    let offset = m.offset().to_string();
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "error.code",
+            value: Some(code.as_bytes()),
+        })
+        .insert(Header {
+            key: "error.message",
+            value: Some(message.as_bytes()),
+        })
+        .insert(Header {
+            key: "source.topic",
+            value: Some(m.topic().as_bytes()),
+        })
+        .insert(Header {
+            key: "source.partition",
+            value: Some(partition.as_bytes()),
+        })
+        .insert(Header {
+            key: "source.offset",
+            value: Some(offset.as_bytes()),
+        });
+    let mut record: FutureRecord<'a, [u8], [u8]> = FutureRecord::to(dlq_topic).headers(headers);
+    if let Some(k) = m.key() {
+        record = record.key(k);
+    }
+    if let Some(p) = m.payload() {
+        record = record.payload(p);
+    }
+    record
 }
 
 /// A W3C `traceparent` for an output: the input's trace with a new span, or a new trace.

@@ -52,7 +52,19 @@ impl<H: Handler> StageRuntime<H> {
                 }
             }
         }
-        let mut mine: Vec<(ChainId, Signer)> = pending
+        self.drive_mine(producer, pending, partitions, true).await;
+    }
+
+    /// Drives those of `signers` on `partitions` (each once), under their leases: the recovery
+    /// scan's drives (`recovery`) or the ready drives between scans.
+    async fn drive_mine(
+        &self,
+        producer: &FutureProducer,
+        signers: Vec<(ChainId, Signer)>,
+        partitions: &[i32],
+        recovery: bool,
+    ) {
+        let mut mine: Vec<(ChainId, Signer)> = signers
             .into_iter()
             .filter(|(c, s)| partitions.contains(&self.partition_of(*c, s)))
             .collect();
@@ -61,10 +73,14 @@ impl<H: Handler> StageRuntime<H> {
         if mine.is_empty() {
             return;
         }
-        tracing::info!(role = %self.handler.role(), signers = mine.len(), "recovery scan");
+        if recovery {
+            tracing::info!(role = %self.handler.role(), signers = mine.len(), "recovery scan");
+        } else {
+            tracing::debug!(role = %self.handler.role(), signers = mine.len(), "driving signers ready to go on");
+        }
         let leases = self.leases_for(mine).await;
         let to_drive: Vec<&HeldLease> = leases.values().collect();
-        self.drive_all(producer, &to_drive, true, &Causes::new())
+        self.drive_all(producer, &to_drive, recovery, &Causes::new())
             .await;
     }
 
@@ -78,20 +94,7 @@ impl<H: Handler> StageRuntime<H> {
                 return;
             }
         };
-        let mut mine: Vec<(ChainId, Signer)> = ready
-            .into_iter()
-            .filter(|(c, s)| partitions.contains(&self.partition_of(*c, s)))
-            .collect();
-        mine.sort();
-        mine.dedup();
-        if mine.is_empty() {
-            return;
-        }
-        tracing::debug!(role = %self.handler.role(), signers = mine.len(), "driving signers ready to go on");
-        let leases = self.leases_for(mine).await;
-        let to_drive: Vec<&HeldLease> = leases.values().collect();
-        self.drive_all(producer, &to_drive, false, &Causes::new())
-            .await;
+        self.drive_mine(producer, ready, partitions, false).await;
     }
 
     /// Drives several signers at once (each signer's own work stays sequential).
