@@ -210,10 +210,36 @@ fn without_comments(text: &str) -> String {
         .join("\n")
 }
 
+/// The stateless roles run as stages with two instances and the shared role settings: the
+/// pipeline and the transfer coordinator.
+fn stage_roles() -> Vec<Role> {
+    let mut roles = Role::PIPELINE.to_vec();
+    roles.push(Role::TransferCoordinator);
+    roles
+}
+
+/// The block of the compose service `name`: its lines up to the next service (or top-level key).
+fn compose_service<'a>(text: &'a str, name: &str) -> &'a str {
+    let head = format!("\n  {name}:\n");
+    let at = text
+        .find(&head)
+        .unwrap_or_else(|| panic!("no compose service {name}"));
+    let body = &text[at + head.len()..];
+    let end = body
+        .match_indices('\n')
+        .map(|(i, _)| i + 1)
+        .find(|i| {
+            let line = &body[*i..];
+            !line.is_empty() && !line.starts_with("   ") && !line.starts_with('\n')
+        })
+        .unwrap_or(body.len());
+    &body[..end]
+}
+
 #[test]
 fn the_compose_file_runs_every_role_twice_with_what_it_needs() {
     let text = without_comments(&read(&compose_path()));
-    for role in Role::PIPELINE {
+    for role in stage_roles() {
         // Each role: its own service, on the shared role settings (two replicas, healthcheck on
         // /healthz, the configuration, the OTLP endpoint), named in its traces.
         let service = format!("\n  {role}:\n    <<: *txflow-role\n    command: [\"{role}\"]\n");
@@ -235,6 +261,93 @@ fn the_compose_file_runs_every_role_twice_with_what_it_needs() {
     }
     // No anvil: the chain is given by its endpoints.
     assert!(!text.contains("anvil"), "anvil is not part of production");
+
+    // Every topic a role reads or writes is created, replicated, before the roles start.
+    let topics = txflow_core::kafka::Topics::new("");
+    let init = compose_service(&text, "kafka-init");
+    for topic in topics.all().into_iter().chain(topics.transfers()) {
+        let suffix = topic.trim_start_matches('.');
+        assert!(
+            init.split_whitespace()
+                .any(|w| w.trim_end_matches(';') == suffix),
+            "kafka-init does not create {suffix}"
+        );
+    }
+
+    // The spot ledger: one process (the single writer of its log), the log on a named volume the
+    // ledger's uid may write, no HTTP healthcheck (it serves none).
+    let spot = compose_service(&text, "spot-ledger");
+    for needed in [
+        "    <<: *txflow-role\n    command: [\"spot-ledger\"]\n",
+        "OTEL_SERVICE_NAME: txflow-spot-ledger\n",
+        "TXFLOW_SPOT_WAL_DIR: /var/lib/txflow/spot\n",
+        "      - spot-ledger:/var/lib/txflow/spot\n",
+        "    healthcheck:\n      disable: true\n",
+        "      replicas: 1\n",
+        "      spot-ledger-volume:\n        condition: service_completed_successfully\n",
+    ] {
+        assert!(
+            spot.contains(needed),
+            "the spot-ledger service lacks {needed:?}"
+        );
+    }
+    assert!(
+        !spot.contains("replicas: 2"),
+        "two spot ledgers would diverge"
+    );
+    assert!(!spot.contains("9464"), "the spot ledger serves no HTTP");
+    assert!(
+        compose_service(&text, "spot-ledger-volume")
+            .contains("      - spot-ledger:/var/lib/txflow/spot\n"),
+        "the volume's owner is set on the spot ledger's volume"
+    );
+    let (_, volumes) = text
+        .split_once("\nvolumes:\n")
+        .expect("the compose file's named volumes");
+    assert!(
+        volumes.lines().any(|l| l.trim_end() == "  spot-ledger:"),
+        "no named volume spot-ledger"
+    );
+
+    // The gateway: its port published, its healthcheck on that port, the JWT secret as a compose
+    // secret named by TXFLOW_GATEWAY_JWT_SECRET_FILE.
+    let gateway = compose_service(&text, "gateway");
+    for needed in [
+        "    <<: *txflow-role\n    command: [\"gateway\"]\n",
+        "OTEL_SERVICE_NAME: txflow-gateway\n",
+        "TXFLOW_GATEWAY_ADDR: 0.0.0.0:8080\n",
+        "TXFLOW_GATEWAY_JWT_SECRET_FILE: /run/secrets/gateway_jwt_secret\n",
+        "    secrets:\n      - gateway_jwt_secret\n",
+        ":8080\"\n",
+        "http://127.0.0.1:8080/healthz",
+    ] {
+        assert!(
+            gateway.contains(needed),
+            "the gateway service lacks {needed:?}"
+        );
+    }
+    assert!(
+        !gateway.contains("replicas:"),
+        "the gateway runs the role's two replicas"
+    );
+    assert!(
+        text.contains("  gateway_jwt_secret:\n    file: ${GATEWAY_JWT_SECRET_FILE:-"),
+        "no compose secret gateway_jwt_secret"
+    );
+    // Each secret reaches only its service.
+    for (secret, owner) in [
+        ("signer_keys", "signer-gateway"),
+        ("gateway_jwt_secret", "gateway"),
+    ] {
+        for role in Role::ALL {
+            let name = role.as_str();
+            assert_eq!(
+                compose_service(&text, name).contains(&format!("- {secret}\n")),
+                name == owner,
+                "{name} and the secret {secret}"
+            );
+        }
+    }
 
     // Every file it mounts from the repository exists (the operator's secrets aside).
     let dir = compose_path()
@@ -293,7 +406,7 @@ fn the_kustomization_lists_every_manifest_of_the_base() {
         .collect();
     assert_eq!(listed, present, "kustomization.yaml resources vs. files");
 
-    for role in Role::PIPELINE {
+    for role in stage_roles() {
         let file = format!("{role}.yaml");
         assert!(listed.contains(&file), "no {file}");
         let text = without_comments(&read(&dir.join(&file)));
@@ -312,12 +425,70 @@ fn the_kustomization_lists_every_manifest_of_the_base() {
         ] {
             assert!(text.contains(&needed), "{file} lacks {needed:?}");
         }
-        // Only the signer gateway sees the signer keys.
-        assert_eq!(
-            text.contains("txflow-signer-keys"),
-            role == Role::SignerGateway,
-            "{file}: the signer keys"
-        );
+    }
+
+    // Each secret is mounted by its role alone; the spot ledger needs none.
+    for role in Role::ALL {
+        let file = format!("{role}.yaml");
+        assert!(listed.contains(&file), "no {file}");
+        let text = without_comments(&read(&dir.join(&file)));
+        for (secret, owner) in [
+            ("txflow-signer-keys", Role::SignerGateway),
+            ("txflow-gateway-jwt", Role::Gateway),
+        ] {
+            assert_eq!(text.contains(secret), role == owner, "{file}: {secret}");
+        }
+    }
+
+    // The spot ledger: a StatefulSet of exactly one replica (the single writer of its log), the
+    // log on a claim from its template, mounted where txflow.toml puts it; no HTTP probe, since
+    // it serves no HTTP.
+    let spot = without_comments(&read(&dir.join("spot-ledger.yaml")));
+    for needed in [
+        "kind: StatefulSet",
+        "  replicas: 1\n",
+        "args: [\"spot-ledger\"]",
+        "value: txflow-spot-ledger\n",
+        "volumeClaimTemplates:",
+        "mountPath: /var/lib/txflow/spot\n",
+        "runAsNonRoot: true",
+        "readOnlyRootFilesystem: true",
+        "fsGroup: 10001",
+    ] {
+        assert!(spot.contains(needed), "spot-ledger.yaml lacks {needed:?}");
+    }
+    for absent in [
+        "kind: Deployment",
+        "httpGet:",
+        "Probe:",
+        "secretKeyRef:",
+        "9464",
+    ] {
+        assert!(!spot.contains(absent), "spot-ledger.yaml has {absent:?}");
+    }
+
+    // The gateway: a Deployment and its Service on 8080, probed on that port, the JWT secret's
+    // file named where the Secret is mounted.
+    let gateway = without_comments(&read(&dir.join("gateway.yaml")));
+    for needed in [
+        "kind: Deployment",
+        "  replicas: 2\n",
+        "args: [\"gateway\"]",
+        "value: txflow-gateway\n",
+        "containerPort: 8080",
+        "path: /healthz\n              port: http",
+        "path: /readyz\n              port: http",
+        "kind: PodDisruptionBudget",
+        "kind: Service",
+        "      port: 8080\n      targetPort: http",
+        "name: TXFLOW_GATEWAY_JWT_SECRET_FILE\n              value: /etc/txflow/gateway/jwt-secret",
+        "mountPath: /etc/txflow/gateway\n",
+        "secretName: txflow-gateway-jwt",
+        "prometheus.io/port: \"8080\"",
+        "runAsNonRoot: true",
+        "readOnlyRootFilesystem: true",
+    ] {
+        assert!(gateway.contains(needed), "gateway.yaml lacks {needed:?}");
     }
 }
 
@@ -331,12 +502,16 @@ fn the_kubernetes_base_renders_and_validates_against_the_schemas() {
         .lines()
         .filter(|l| l.starts_with("kind: "))
         .collect::<Vec<_>>();
+    // A Deployment and a PodDisruptionBudget per stage role and for the gateway; the spot
+    // ledger's StatefulSet; the metrics, gateway and spot-ledger (governing) Services.
+    let deployments = stage_roles().len() + 1;
     for (kind, n) in [
-        ("kind: Deployment", Role::PIPELINE.len()),
-        ("kind: PodDisruptionBudget", Role::PIPELINE.len()),
+        ("kind: Deployment", deployments),
+        ("kind: PodDisruptionBudget", deployments),
+        ("kind: StatefulSet", 1),
         ("kind: Job", 1),
         ("kind: ConfigMap", 2),
-        ("kind: Service", 1),
+        ("kind: Service", 3),
     ] {
         assert_eq!(
             kinds.iter().filter(|k| **k == kind).count(),
@@ -425,6 +600,17 @@ fn the_deploy_files_configure_txflow_with_settings_it_knows() {
             "{file}: the chain id"
         );
     }
+
+    // The Kubernetes base: the gateway listens on the port its probes and Service use, and the
+    // spot ledger's log is on its volume (not under the read-only root filesystem).
+    let k8s = Config::load(Some(k8s_dir().join("txflow.toml").as_path()), |_| None)
+        .expect("deploy/k8s/txflow.toml loads");
+    assert_eq!(k8s.gateway.addr, "0.0.0.0:8080", "the gateway's address");
+    assert_eq!(
+        k8s.spot_wal_dir,
+        PathBuf::from("/var/lib/txflow/spot"),
+        "the spot ledger's log directory: spot-ledger.yaml mounts its volume there"
+    );
 
     // Every variable the manifests set is one txflow reads.
     let mut known: BTreeSet<&str> = KEYS.iter().map(|(_, var)| *var).collect();

@@ -733,3 +733,229 @@ async fn the_transfers_state_check_accepts_exactly_the_transfer_states() {
         assert_eq!(inserted, ok, "{req} {user}");
     }
 }
+
+async fn movements(pool: &PgPool) -> Vec<(String, String, String, String)> {
+    sqlx::query_as(
+        "SELECT movement_id, user_id, amount::text, reason FROM funding_external_movements \
+         ORDER BY movement_id",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read movements")
+}
+
+#[tokio::test]
+async fn an_outside_movement_creates_the_account_and_credits_once() {
+    let db = TestDb::new().await;
+    assets(&db.pool).await;
+    let adapter = FundingAdapter::new(db.pool.clone());
+    assert_eq!(adapter.balance("user-9", "USDT").await.expect("read"), None);
+    assert_eq!(
+        adapter.external_sum("user-9", "USDT").await.expect("sum"),
+        Decimal::ZERO
+    );
+    applied(
+        adapter
+            .external_movement("dep-1", "user-9", "USDT", "100.50", "on-chain deposit")
+            .await,
+    );
+    let b = adapter
+        .balance("user-9", "USDT")
+        .await
+        .expect("read")
+        .expect("created by the movement");
+    assert_eq!((b.available, b.status), (d("100.5"), AccountStatus::Active));
+    // The same movement again: recognised, nothing moves.
+    assert_eq!(
+        adapter
+            .external_movement("dep-1", "user-9", "USDT", "100.5", "on-chain deposit")
+            .await
+            .expect("answers"),
+        FundingOutcome::AlreadyApplied
+    );
+    // The same id for another movement: refused.
+    for (user, amount, reason) in [
+        ("user-9", "100.6", "on-chain deposit"),
+        ("user-8", "100.5", "on-chain deposit"),
+        ("user-9", "-100.5", "on-chain deposit"),
+        ("user-9", "100.5", "another reason"),
+    ] {
+        assert_eq!(
+            rejected(
+                adapter
+                    .external_movement("dep-1", user, "USDT", amount, reason)
+                    .await
+            ),
+            TransferCode::DuplicateRequest,
+            "{user} {amount} {reason}"
+        );
+    }
+    assert_eq!(
+        adapter
+            .balance("user-9", "USDT")
+            .await
+            .expect("read")
+            .map(|b| b.available),
+        Some(d("100.5"))
+    );
+    assert_eq!(adapter.balance("user-8", "USDT").await.expect("read"), None);
+    assert_eq!(
+        adapter.external_sum("user-9", "USDT").await.expect("sum"),
+        d("100.5")
+    );
+    assert_eq!(movements(&db.pool).await.len(), 1);
+}
+
+#[tokio::test]
+async fn an_outgoing_movement_beyond_the_balance_is_refused_and_recorded_nowhere() {
+    let (db, adapter) = ledger("10").await;
+    assert_eq!(
+        rejected(
+            adapter
+                .external_movement("wd-1", USER, "USDT", "-10.00000001", "payout")
+                .await
+        ),
+        TransferCode::InsufficientBalance
+    );
+    assert_eq!(balance(&adapter).await, d("10"));
+    assert!(movements(&db.pool).await.is_empty(), "recorded nowhere");
+    // Outgoing from an account that does not exist: nothing to take.
+    assert_eq!(
+        rejected(
+            adapter
+                .external_movement("wd-2", "user-7", "USDT", "-1", "payout")
+                .await
+        ),
+        TransferCode::InsufficientBalance
+    );
+    assert_eq!(adapter.balance("user-7", "USDT").await.expect("read"), None);
+    // The refused id is free: the same movement applies once the money is there.
+    applied(
+        adapter
+            .external_movement("dep-1", USER, "USDT", "5", "deposit")
+            .await,
+    );
+    applied(
+        adapter
+            .external_movement("wd-1", USER, "USDT", "-10.00000001", "payout")
+            .await,
+    );
+    assert_eq!(balance(&adapter).await, d("4.99999999"));
+    assert_eq!(
+        adapter.external_sum(USER, "USDT").await.expect("sum"),
+        d("-5.00000001"),
+        "the seeded 10 came from no recorded movement"
+    );
+    assert_eq!(
+        movements(&db.pool).await,
+        [
+            (
+                "dep-1".to_string(),
+                USER.to_string(),
+                "5.000000000000000000".to_string(),
+                "deposit".to_string()
+            ),
+            (
+                "wd-1".to_string(),
+                USER.to_string(),
+                "-10.000000010000000000".to_string(),
+                "payout".to_string()
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn an_outside_movement_is_checked_against_its_asset_but_not_the_transfer_rules() {
+    let (db, adapter) = ledger("0").await;
+    account(&db.pool, USER, "OLD", "0", "FROZEN").await;
+    for (id, asset, amount, want) in [
+        ("m-1", "DOGE", "1", TransferCode::InvalidAsset),
+        ("m-2", "usdt", "1", TransferCode::InvalidAsset),
+        (
+            "m-3",
+            "USDT",
+            "0.000000001",
+            TransferCode::PrecisionOverflow,
+        ),
+        ("m-4", "USDT", "0", TransferCode::InvalidAmount),
+        ("m-5", "USDT", "1e2", TransferCode::InvalidAmount),
+        ("m 6", "USDT", "1", TransferCode::InvalidRequest),
+        ("m-7", "BIG", "0.5", TransferCode::PrecisionOverflow),
+    ] {
+        assert_eq!(
+            rejected(
+                adapter
+                    .external_movement(id, USER, asset, amount, "test")
+                    .await
+            ),
+            want,
+            "{id} {asset} {amount}"
+        );
+    }
+    assert!(movements(&db.pool).await.is_empty());
+    // Below the transfer minimum, on a suspended asset, into a frozen account: a movement, not
+    // a transfer.
+    applied(
+        adapter
+            .external_movement("m-8", USER, "USDT", "0.00000001", "dust")
+            .await,
+    );
+    applied(
+        adapter
+            .external_movement("m-9", USER, "OLD", "3", "correction")
+            .await,
+    );
+    applied(
+        adapter
+            .external_movement("m-10", USER, "OLD", "-1", "correction")
+            .await,
+    );
+    assert_eq!(balance(&adapter).await, d("0.00000001"));
+    let old = adapter
+        .balance(USER, "OLD")
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!((old.available, old.status), (d("2"), AccountStatus::Frozen));
+    assert_eq!(
+        adapter.external_sum(USER, "OLD").await.expect("sum"),
+        d("2")
+    );
+}
+
+#[tokio::test]
+async fn an_incoming_movement_that_would_overflow_the_ledger_is_refused() {
+    let db = TestDb::new().await;
+    assets(&db.pool).await;
+    account(&db.pool, USER, "BIG", "99999999999999999999", "ACTIVE").await;
+    let adapter = FundingAdapter::new(db.pool.clone());
+    assert_eq!(
+        rejected(
+            adapter
+                .external_movement("m-1", USER, "BIG", "1", "deposit")
+                .await
+        ),
+        TransferCode::Overflow
+    );
+    assert!(movements(&db.pool).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_repeats_of_one_movement_apply_it_once() {
+    let db = TestDb::new().await;
+    assets(&db.pool).await;
+    let outcomes = at_once(&db, 50, 20, |a, _| async move {
+        a.external_movement("dep-1", USER, "USDT", "7.25", "deposit")
+            .await
+    })
+    .await;
+    assert_eq!(count(&outcomes, &FundingOutcome::Applied), 1);
+    assert_eq!(count(&outcomes, &FundingOutcome::AlreadyApplied), 49);
+    let adapter = FundingAdapter::new(db.pool.clone());
+    assert_eq!(balance(&adapter).await, d("7.25"));
+    assert_eq!(
+        adapter.external_sum(USER, "USDT").await.expect("sum"),
+        d("7.25")
+    );
+}

@@ -202,6 +202,7 @@ fn spot_command() -> SpotCommand {
         amount: "1250.000001".into(),
         op: SpotOp::Debit,
         compensation: false,
+        external: true,
     }
 }
 
@@ -217,6 +218,38 @@ fn spot_reply() -> SpotReply {
         balance: Some("17.5".into()),
         wal_seq: Some(9),
         replied_at_ms: 1_735_000_000_000,
+        external_net: Some("-2.5".into()),
+    }
+}
+
+fn transfer_requested() -> TransferRequested {
+    TransferRequested {
+        event_id: ev(14),
+        req_id: TX_ID.into(),
+        user_id: "user-42".into(),
+        asset: "USDT".into(),
+        amount: "1250.000001".into(),
+        from_account: "FUNDING".into(),
+        to_account: "SPOT".into(),
+        created_at_ms: 1_735_000_000_000,
+        traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+    }
+}
+
+fn transfer_updated() -> TransferUpdated {
+    TransferUpdated {
+        event_id: ev(15),
+        req_id: TX_ID.into(),
+        user_id: "user-42".into(),
+        asset: "USDT".into(),
+        amount: "1250.000001".into(),
+        from_account: "SPOT".into(),
+        to_account: "FUNDING".into(),
+        state: "COMPENSATING".into(),
+        state_id: -20,
+        error_code: Some("ACCOUNT_DISABLED".into()),
+        fencing_token: 7,
+        updated_at_ms: 1_735_000_000_001,
     }
 }
 
@@ -267,6 +300,8 @@ fn every_schema_round_trips_its_golden_datum() {
     golden(tx_replaced());
     golden(spot_command());
     golden(spot_reply());
+    golden(transfer_requested());
+    golden(transfer_updated());
 }
 
 async fn wire_round_trip<E: Event>(codec: &RegistryCodec, topic: &str, subjects: Subjects, e: E) {
@@ -320,6 +355,20 @@ async fn every_schema_round_trips_through_the_registry_in_wire_format() {
     wire_round_trip(&codec, &format!("{t}.outcomes"), many, tx_failed()).await;
     wire_round_trip(&codec, &format!("{t}.spot.commands"), one, spot_command()).await;
     wire_round_trip(&codec, &format!("{t}.spot.events"), one, spot_reply()).await;
+    wire_round_trip(
+        &codec,
+        &format!("{t}.transfer.requests"),
+        one,
+        transfer_requested(),
+    )
+    .await;
+    wire_round_trip(
+        &codec,
+        &format!("{t}.transfer.events"),
+        one,
+        transfer_updated(),
+    )
+    .await;
 }
 
 #[tokio::test]

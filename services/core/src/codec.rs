@@ -268,6 +268,26 @@ impl RegistryCodec {
                 self.register::<TxReceiptUpdated>(&t.tx_outcomes(), multi)
                     .await?,
             ),
+            // Transfers (seed 004).
+            (
+                TransferRequested::FULL_NAME.into(),
+                self.register::<TransferRequested>(&t.transfer_requests(), single)
+                    .await?,
+            ),
+            (
+                TransferUpdated::FULL_NAME.into(),
+                self.register::<TransferUpdated>(&t.transfer_events(), single)
+                    .await?,
+            ),
+            (
+                SpotCommand::FULL_NAME.into(),
+                self.register::<SpotCommand>(&t.spot_commands(), single)
+                    .await?,
+            ),
+            (
+                SpotReply::FULL_NAME.into(),
+                self.register::<SpotReply>(&t.spot_events(), single).await?,
+            ),
         ])
     }
 

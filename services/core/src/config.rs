@@ -136,6 +136,13 @@ pub struct Config {
     /// coordinator's SPOT adapter waits for the spot ledger's reply (the produce included)
     /// before it answers TIMEOUT — outcome unknown, retried, never compensated.
     pub spot_timeout_ms: u64,
+    /// `transfer.stale_ms` (`TXFLOW_TRANSFER_STALE_MS`, default 60000; seed 004 §6.2): how long
+    /// an open transfer must have stood still before the coordinator's recovery worker resumes
+    /// it, and so how often an unknown outcome (TIMEOUT, NETWORK_ERROR, UNKNOWN) is retried.
+    pub transfer_stale_ms: u64,
+    /// `transfer.check_interval_ms` (`TXFLOW_TRANSFER_CHECK_INTERVAL_MS`, default 10000; seed 004
+    /// §7.2): how often the coordinator runs the conservation check.
+    pub transfer_check_interval_ms: u64,
     /// `gateway.*` (`TXFLOW_GATEWAY_*`): the HTTP gateway's address, JWT verification and rate
     /// limit (see [`GatewaySettings`]).
     pub gateway: GatewaySettings,
@@ -200,6 +207,11 @@ impl std::fmt::Debug for Config {
             .field("spot_wal_dir", &self.spot_wal_dir)
             .field("spot_assets", &self.spot_assets)
             .field("spot_timeout_ms", &self.spot_timeout_ms)
+            .field("transfer_stale_ms", &self.transfer_stale_ms)
+            .field(
+                "transfer_check_interval_ms",
+                &self.transfer_check_interval_ms,
+            )
             .field("gateway", &self.gateway)
             .finish()
     }
@@ -389,6 +401,8 @@ impl Default for Config {
             spot_wal_dir: DEFAULT_SPOT_WAL_DIR.into(),
             spot_assets: SpotAssets::default(),
             spot_timeout_ms: 5_000,
+            transfer_stale_ms: 60_000,
+            transfer_check_interval_ms: 10_000,
             gateway: GatewaySettings::default(),
         }
     }
@@ -846,6 +860,26 @@ impl Config {
                 }
             };
         }
+        for (var, field) in [
+            ("TXFLOW_TRANSFER_STALE_MS", &mut c.transfer_stale_ms),
+            (
+                "TXFLOW_TRANSFER_CHECK_INTERVAL_MS",
+                &mut c.transfer_check_interval_ms,
+            ),
+        ] {
+            if let Some(v) = lookup(var) {
+                *field = match v.trim().parse::<u64>() {
+                    Ok(n) if n > 0 => n,
+                    _ => {
+                        return Err(ConfigError::Invalid {
+                            var,
+                            value: v,
+                            why: "expected a positive number of milliseconds",
+                        });
+                    }
+                };
+            }
+        }
         if let Some(v) = lookup("TXFLOW_SPOT_ASSETS") {
             c.spot_assets = match SpotAssets::parse(&v) {
                 Ok(assets) => assets,
@@ -902,6 +936,10 @@ pub struct GatewaySettings {
     pub rate_per_sec: u32,
     /// `gateway.rate_burst` (`TXFLOW_GATEWAY_RATE_BURST`, default 10): the bucket's size.
     pub rate_burst: u32,
+    /// `gateway.daily_count` (`TXFLOW_GATEWAY_DAILY_COUNT`, default 100, seed 004 §1.5.6): the
+    /// transfers a user may create per UTC day (DAILY_LIMIT_EXCEEDED past it), counted in the
+    /// database, so across every gateway process.
+    pub daily_count: u32,
     /// `gateway.timeout_ms` (`TXFLOW_GATEWAY_TIMEOUT_MS`, default 10000): a request not answered
     /// by then gets 503 SYSTEM_ERROR.
     pub timeout_ms: u64,
@@ -932,6 +970,7 @@ impl Default for GatewaySettings {
             jwt_public_key_file: None,
             rate_per_sec: 10,
             rate_burst: 10,
+            daily_count: 100,
             timeout_ms: 10_000,
         }
     }
@@ -992,6 +1031,9 @@ impl GatewaySettings {
         }
         if let Some(v) = lookup("TXFLOW_GATEWAY_RATE_BURST") {
             self.rate_burst = whole("TXFLOW_GATEWAY_RATE_BURST", v, 1_000_000)? as u32;
+        }
+        if let Some(v) = lookup("TXFLOW_GATEWAY_DAILY_COUNT") {
+            self.daily_count = whole("TXFLOW_GATEWAY_DAILY_COUNT", v, 1_000_000)? as u32;
         }
         if let Some(v) = lookup("TXFLOW_GATEWAY_TIMEOUT_MS") {
             self.timeout_ms = whole("TXFLOW_GATEWAY_TIMEOUT_MS", v, 600_000)?;
@@ -1178,14 +1220,15 @@ mod tests {
     fn gateway_settings_follow_the_environment_and_hold_no_key() {
         let d = Config::default().gateway;
         assert_eq!(
-            (d.addr.as_str(), d.jwt_alg, d.rate_per_sec),
-            (DEFAULT_GATEWAY_ADDR, JwtAlg::Hs256, 10)
+            (d.addr.as_str(), d.jwt_alg, d.rate_per_sec, d.daily_count),
+            (DEFAULT_GATEWAY_ADDR, JwtAlg::Hs256, 10, 100)
         );
         let c = Config::from_lookup(|k| match k {
             "TXFLOW_GATEWAY_ADDR" => Some("0.0.0.0:9000".into()),
             "TXFLOW_GATEWAY_JWT_ALG" => Some("RS256".into()),
             "TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE" => Some("/etc/jwt.pem".into()),
             "TXFLOW_GATEWAY_RATE_PER_SEC" => Some("5".into()),
+            "TXFLOW_GATEWAY_DAILY_COUNT" => Some("3".into()),
             _ => None,
         })
         .expect("valid");
@@ -1196,6 +1239,7 @@ mod tests {
             Some(std::path::PathBuf::from("/etc/jwt.pem"))
         );
         assert_eq!(c.gateway.rate_per_sec, 5);
+        assert_eq!(c.gateway.daily_count, 3);
         for (var, bad) in [
             ("TXFLOW_GATEWAY_ADDR", "localhost"),
             ("TXFLOW_GATEWAY_JWT_ALG", "none"),
@@ -1203,6 +1247,7 @@ mod tests {
             ("TXFLOW_GATEWAY_JWT_SECRET_FILE", ""),
             ("TXFLOW_GATEWAY_RATE_PER_SEC", "0"),
             ("TXFLOW_GATEWAY_RATE_BURST", "x"),
+            ("TXFLOW_GATEWAY_DAILY_COUNT", "0"),
             ("TXFLOW_GATEWAY_TIMEOUT_MS", "600001"),
         ] {
             let err = Config::from_lookup(|k| (k == var).then(|| bad.into()))

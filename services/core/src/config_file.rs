@@ -75,6 +75,11 @@ pub const KEYS: &[(&str, &str)] = &[
     ("spot.wal_dir", "TXFLOW_SPOT_WAL_DIR"),
     ("spot.assets", "TXFLOW_SPOT_ASSETS"),
     ("spot.timeout_ms", "TXFLOW_SPOT_TIMEOUT_MS"),
+    ("transfer.stale_ms", "TXFLOW_TRANSFER_STALE_MS"),
+    (
+        "transfer.check_interval_ms",
+        "TXFLOW_TRANSFER_CHECK_INTERVAL_MS",
+    ),
     ("gateway.addr", "TXFLOW_GATEWAY_ADDR"),
     ("gateway.jwt_alg", "TXFLOW_GATEWAY_JWT_ALG"),
     ("gateway.jwt_secret_file", "TXFLOW_GATEWAY_JWT_SECRET_FILE"),
@@ -84,6 +89,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ),
     ("gateway.rate_per_sec", "TXFLOW_GATEWAY_RATE_PER_SEC"),
     ("gateway.rate_burst", "TXFLOW_GATEWAY_RATE_BURST"),
+    ("gateway.daily_count", "TXFLOW_GATEWAY_DAILY_COUNT"),
     ("gateway.timeout_ms", "TXFLOW_GATEWAY_TIMEOUT_MS"),
 ];
 
@@ -111,6 +117,7 @@ pub struct ConfigFile {
     pub metrics: MetricsSection,
     pub telemetry: TelemetrySection,
     pub spot: SpotSection,
+    pub transfer: TransferSection,
     pub gateway: GatewaySection,
 }
 
@@ -257,6 +264,17 @@ pub struct SpotSection {
     pub timeout_ms: Option<u64>,
 }
 
+/// The transfer coordinator (`txflow transfer-coordinator`).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransferSection {
+    /// `TXFLOW_TRANSFER_STALE_MS`: how long an open transfer stands still before the recovery
+    /// worker resumes it.
+    pub stale_ms: Option<u64>,
+    /// `TXFLOW_TRANSFER_CHECK_INTERVAL_MS`: the conservation check's period.
+    pub check_interval_ms: Option<u64>,
+}
+
 /// The HTTP gateway (`txflow gateway`). Its JWT keys are given by file reference only.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -268,6 +286,7 @@ pub struct GatewaySection {
     pub jwt_public_key_file: Option<PathBuf>,
     pub rate_per_sec: Option<u32>,
     pub rate_burst: Option<u32>,
+    pub daily_count: Option<u32>,
     pub timeout_ms: Option<u64>,
 }
 
@@ -502,8 +521,18 @@ impl ConfigFile {
                 s.spot.timeout_ms.map(|v| v.to_string()),
             ),
         ];
+        let transfer: [(&'static str, Option<String>); 2] = [
+            (
+                "TXFLOW_TRANSFER_STALE_MS",
+                s.transfer.stale_ms.map(|v| v.to_string()),
+            ),
+            (
+                "TXFLOW_TRANSFER_CHECK_INTERVAL_MS",
+                s.transfer.check_interval_ms.map(|v| v.to_string()),
+            ),
+        ];
         let g = &s.gateway;
-        let gateway: [(&'static str, Option<String>); 7] = [
+        let gateway: [(&'static str, Option<String>); 8] = [
             ("TXFLOW_GATEWAY_ADDR", g.addr.clone()),
             ("TXFLOW_GATEWAY_JWT_ALG", g.jwt_alg.clone()),
             (
@@ -523,6 +552,10 @@ impl ConfigFile {
                 g.rate_burst.map(|v| v.to_string()),
             ),
             (
+                "TXFLOW_GATEWAY_DAILY_COUNT",
+                g.daily_count.map(|v| v.to_string()),
+            ),
+            (
                 "TXFLOW_GATEWAY_TIMEOUT_MS",
                 g.timeout_ms.map(|v| v.to_string()),
             ),
@@ -532,6 +565,7 @@ impl ConfigFile {
             .chain(metrics)
             .chain(telemetry)
             .chain(spot)
+            .chain(transfer)
             .chain(gateway)
             .filter_map(|(var, v)| v.map(|v| (var, v)))
             .collect()
@@ -613,6 +647,8 @@ impl ConfigFile {
             spot_wal_dir,
             spot_assets,
             spot_timeout_ms,
+            transfer_stale_ms,
+            transfer_check_interval_ms,
             gateway,
         } = config;
         ConfigFile {
@@ -701,6 +737,10 @@ impl ConfigFile {
                 assets: Some(spot_assets.to_string()),
                 timeout_ms: Some(*spot_timeout_ms),
             },
+            transfer: TransferSection {
+                stale_ms: Some(*transfer_stale_ms),
+                check_interval_ms: Some(*transfer_check_interval_ms),
+            },
             gateway: GatewaySection {
                 addr: Some(gateway.addr.clone()),
                 jwt_alg: Some(gateway.jwt_alg.as_str().to_string()),
@@ -709,6 +749,7 @@ impl ConfigFile {
                 jwt_public_key_file: gateway.jwt_public_key_file.clone(),
                 rate_per_sec: Some(gateway.rate_per_sec),
                 rate_burst: Some(gateway.rate_burst),
+                daily_count: Some(gateway.daily_count),
                 timeout_ms: Some(gateway.timeout_ms),
             },
         }

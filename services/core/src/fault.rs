@@ -23,6 +23,23 @@ pub const ALLOCATOR_BEFORE_COMMIT: &str = "allocator.before_commit";
 /// The signer gateway: transactions signed and their rows written in the fenced transaction,
 /// before its commit.
 pub const SIGNER_BEFORE_COMMIT: &str = "signer.before_commit";
+/// The transfer coordinator (seed 004 §10.5, the crash points of CRA-001…006):
+/// a transfer's TransferRequested is being applied, before its INIT → SOURCE_PENDING CAS.
+pub const TRANSFER_BEFORE_START: &str = "transfer.before_start";
+/// In SOURCE_PENDING (INIT → SOURCE_PENDING committed, by the batch or a drive), before the source
+/// adapter is called.
+pub const TRANSFER_AFTER_START: &str = "transfer.after_start";
+/// The source adapter answered, before its answer is recorded.
+pub const TRANSFER_AFTER_SOURCE_CALL: &str = "transfer.after_source_call";
+/// SOURCE_PENDING → SOURCE_DONE committed, before SOURCE_DONE → TARGET_PENDING.
+pub const TRANSFER_AFTER_SOURCE_DONE: &str = "transfer.after_source_done";
+/// In TARGET_PENDING (SOURCE_DONE → TARGET_PENDING committed), before the target adapter is
+/// called.
+pub const TRANSFER_AFTER_TARGET_START: &str = "transfer.after_target_start";
+/// The target adapter answered, before its answer is recorded.
+pub const TRANSFER_AFTER_TARGET_CALL: &str = "transfer.after_target_call";
+/// The source refund answered (COMPENSATING), before its answer is recorded.
+pub const TRANSFER_AFTER_REFUND_CALL: &str = "transfer.after_refund_call";
 
 #[cfg(all(feature = "fault-injection", debug_assertions))]
 pub fn point(name: &str) {

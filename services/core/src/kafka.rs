@@ -198,6 +198,25 @@ impl Topics {
     pub fn spot_events(&self) -> String {
         self.name("spot.events")
     }
+    /// Transfer requests (TransferRequested) from the gateway to the coordinator, keyed by user id.
+    pub fn transfer_requests(&self) -> String {
+        self.name("transfer.requests")
+    }
+    /// The coordinator's transfer state changes (TransferUpdated), keyed by user id.
+    pub fn transfer_events(&self) -> String {
+        self.name("transfer.events")
+    }
+    /// The transfer coordinator's topics: its input, its output, the spot ledger's and the
+    /// dead-letter topic.
+    pub fn transfers(&self) -> Vec<String> {
+        vec![
+            self.transfer_requests(),
+            self.transfer_events(),
+            self.spot_commands(),
+            self.spot_events(),
+            self.dlq(),
+        ]
+    }
     /// The spot ledger's topics (and the dead-letter topic it shares).
     pub fn spot(&self) -> Vec<String> {
         vec![self.spot_commands(), self.spot_events(), self.dlq()]

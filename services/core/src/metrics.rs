@@ -85,6 +85,16 @@ pub mod receipt_result {
     pub const ALL: [&str; 3] = [FOUND, NOT_FOUND, ERROR];
 }
 
+/// The gateway's refusal codes whose `gateway_rejections_total` series are registered at 0
+/// ([`Metrics::register_gateway`]): the limits and the authentication failures.
+pub const GATEWAY_REJECTION_CODES: [&str; 5] = [
+    "RATE_LIMIT_EXCEEDED",
+    "DAILY_LIMIT_EXCEEDED",
+    "DAILY_AMOUNT_EXCEEDED",
+    "UNAUTHORIZED",
+    "FORBIDDEN",
+];
+
 /// The dead-letter reasons of the runtime itself (a handler's codes come on top, as they occur).
 pub const RUNTIME_DLQ_REASONS: [&str; 2] = ["UNDECODABLE", "EMPTY_MESSAGE"];
 
@@ -104,6 +114,10 @@ pub struct Metrics {
     dead_letters: Counter<u64>,
     rpc_calls: Counter<u64>,
     conservation_violations: Counter<u64>,
+    transfer_transition: Counter<u64>,
+    transfer_attention: Gauge<u64>,
+    gateway_requests: Counter<u64>,
+    gateway_rejections: Counter<u64>,
     stage_batch_size: Histogram<u64>,
     stage_batch_duration: Histogram<f64>,
     stage_hop_latency: Histogram<f64>,
@@ -191,7 +205,19 @@ impl Metrics {
             ),
             conservation_violations: counter(
                 "conservation.violations",
-                "Conservation checks that failed (issue 18)",
+                "(user, asset) pairs the transfer conservation check found out of balance, by asset",
+            ),
+            transfer_transition: counter(
+                "transfer.transition",
+                "Transfer state changes (seed 004 §2.2), by from and to state",
+            ),
+            gateway_requests: counter(
+                "gateway.requests",
+                "HTTP requests the gateway answered, by route (its template) and status",
+            ),
+            gateway_rejections: counter(
+                "gateway.rejections",
+                "Error answers of the gateway, by code (rate and daily limits, authentication, validation, …)",
             ),
             stage_batch_size: meter
                 .u64_histogram("stage.batch.size")
@@ -226,6 +252,10 @@ impl Metrics {
                 "1 when the last call to the endpoint got an answer",
             ),
             lease_held: gauge("lease.held", "Leases this process holds"),
+            transfer_attention: gauge(
+                "transfer.attention",
+                "Open transfers needing attention, by reason (sampled by the transfer coordinator)",
+            ),
         }
     }
 
@@ -378,6 +408,59 @@ impl Metrics {
             .record(u64::from(held), &[role(r), chain(c), signer(s)]);
     }
 
+    /// A (user, asset) pair found out of balance by the conservation check (seed 004 §7.2).
+    pub fn conservation_violation(&self, asset: &str) {
+        self.conservation_violations
+            .add(1, &[KeyValue::new("asset", asset.to_string())]);
+    }
+
+    /// A transfer moved `from` → `to` (state names of seed 004 §2.1).
+    pub fn transfer_transition(&self, from: &'static str, to: &'static str) {
+        self.transfer_transition
+            .add(1, &[KeyValue::new("from", from), KeyValue::new("to", to)]);
+    }
+
+    /// Sampled: open transfers needing attention, by `reason`: `target_pending_1m` (in
+    /// TARGET_PENDING for over a minute: the target's outcome unknown, MON-001),
+    /// `refund_failed_3` (COMPENSATING with three or more failed refunds, MON-002), `halted`
+    /// (1 while a conservation violation is unresolved, MON-003), `user_rate_1m` (users with more
+    /// than 60 transfers in the last minute, MON-004).
+    pub fn transfer_attention(&self, reason: &'static str, n: u64) {
+        self.transfer_attention
+            .record(n, &[KeyValue::new("reason", reason)]);
+    }
+
+    /// A request the gateway answered: `route` is the matched route's template
+    /// (`/api/v1/tx/{tx_id}`, `unmatched` for none), never the path itself.
+    pub fn gateway_request(&self, route: &str, status: u16) {
+        // Its labels allocate: nothing to do when the instruments are no-ops.
+        if !enabled() {
+            return;
+        }
+        self.gateway_requests.add(
+            1,
+            &[
+                KeyValue::new("route", route.to_string()),
+                KeyValue::new("status", status.to_string()),
+            ],
+        );
+    }
+
+    /// An error answer of the gateway with `code` (the seed's codes and the gateway's own).
+    pub fn gateway_rejection(&self, code: &'static str) {
+        self.gateway_rejections
+            .add(1, &[KeyValue::new("code", code)]);
+    }
+
+    /// Records the gateway's refusal series ([`GATEWAY_REJECTION_CODES`]) with 0, so that they
+    /// exist before the first refusal.
+    pub fn register_gateway(&self) {
+        for code in GATEWAY_REJECTION_CODES {
+            self.gateway_rejections
+                .add(0, &[KeyValue::new("code", code)]);
+        }
+    }
+
     /// Sampled: unpublished announced events.
     pub fn outbox_backlog(&self, n: u64) {
         self.outbox_backlog.record(n, &[]);
@@ -464,8 +547,18 @@ impl Metrics {
                 }
             }
         }
-        self.conservation_violations
-            .add(0, &[KeyValue::new("asset", "native")]);
+        // Known at start in every process (an alert's signal exists before its first event); the
+        // transfer coordinator's sampling overwrites them in its own process.
+        self.conservation_violations.add(0, &[]);
+        for reason in [
+            "target_pending_1m",
+            "refund_failed_3",
+            "halted",
+            "user_rate_1m",
+        ] {
+            self.transfer_attention
+                .record(0, &[KeyValue::new("reason", reason)]);
+        }
         self.outbox_backlog.record(0, &[]);
     }
 }

@@ -331,6 +331,11 @@ pub struct SpotCommand {
     /// A CREDIT refunding this transfer's own spot DEBIT (applied even to a frozen account).
     #[serde(default)]
     pub compensation: bool,
+    /// A CREDIT or DEBIT that is an outside movement (into or out of the trading core from
+    /// outside the two ledgers), not a transfer leg; the ledger keeps their net per (user, asset)
+    /// for the conservation check. Never together with `compensation`.
+    #[serde(default)]
+    pub external: bool,
 }
 event!(SpotCommand, "spot_command.avsc");
 
@@ -359,11 +364,58 @@ pub struct SpotReply {
     #[serde(default)]
     pub wal_seq: Option<i64>,
     pub replied_at_ms: i64,
+    /// For BALANCE: the net of the applied outside movements of (user, asset), an exact decimal
+    /// string, possibly negative.
+    #[serde(default)]
+    pub external_net: Option<String>,
 }
 event!(SpotReply, "spot_reply.avsc");
 
+/// A transfer the gateway recorded in INIT, on `transfer.requests` keyed by `user_id`: the
+/// coordinator's input (seed 004 §9.1 → §9.2). The row in `transfers` is the truth; the event
+/// carries its fields so that the coordinator re-validates them (defence in depth, layer 2) and
+/// can tell a forged or stale event from the row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferRequested {
+    pub event_id: String,
+    pub req_id: String,
+    pub user_id: String,
+    pub asset: String,
+    /// An exact decimal string, never a float.
+    pub amount: String,
+    /// `FUNDING` or `SPOT`.
+    pub from_account: String,
+    pub to_account: String,
+    pub created_at_ms: i64,
+    #[serde(default)]
+    pub traceparent: Option<String>,
+}
+event!(TransferRequested, "transfer_requested.avsc");
+
+/// A transfer's state change, on `transfer.events` keyed by `user_id`, produced after the CAS
+/// that made it committed (seed 004 §2.1 ids and names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferUpdated {
+    pub event_id: String,
+    pub req_id: String,
+    pub user_id: String,
+    pub asset: String,
+    pub amount: String,
+    pub from_account: String,
+    pub to_account: String,
+    /// The state's name (`SOURCE_DONE`, `COMMITTED`, …).
+    pub state: String,
+    /// The state's numeric id of §2.1.
+    pub state_id: i32,
+    #[serde(default)]
+    pub error_code: Option<String>,
+    pub fencing_token: i64,
+    pub updated_at_ms: i64,
+}
+event!(TransferUpdated, "transfer_updated.avsc");
+
 /// The schema files of the pipeline, for tools that register or list them.
-pub const ALL_SCHEMAS: [(&str, &str); 13] = [
+pub const ALL_SCHEMAS: [(&str, &str); 15] = [
     (TxRequest::FULL_NAME, TxRequest::SCHEMA_JSON),
     (TxAccepted::FULL_NAME, TxAccepted::SCHEMA_JSON),
     (TxAllocated::FULL_NAME, TxAllocated::SCHEMA_JSON),
@@ -380,6 +432,8 @@ pub const ALL_SCHEMAS: [(&str, &str); 13] = [
     (TxReplaced::FULL_NAME, TxReplaced::SCHEMA_JSON),
     (SpotCommand::FULL_NAME, SpotCommand::SCHEMA_JSON),
     (SpotReply::FULL_NAME, SpotReply::SCHEMA_JSON),
+    (TransferRequested::FULL_NAME, TransferRequested::SCHEMA_JSON),
+    (TransferUpdated::FULL_NAME, TransferUpdated::SCHEMA_JSON),
 ];
 
 #[cfg(test)]

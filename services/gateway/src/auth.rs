@@ -3,6 +3,9 @@
 //! public key; a token naming another algorithm is refused, so an RS256 public key can never be
 //! used as an HS256 secret), `exp` and `sub` required, `nbf` checked when present. The token's
 //! `sub` is the user. A token is never logged or echoed.
+//!
+//! The tx endpoints are operator endpoints: any valid token may submit and read transactions,
+//! and approving or cancelling one needs the claim `"role": "operator"` ([`OPERATOR`]).
 
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
@@ -32,9 +35,36 @@ impl std::fmt::Debug for Verifier {
     }
 }
 
+/// The `role` claim's value that may approve and cancel transactions.
+pub const OPERATOR: &str = "operator";
+
 #[derive(Deserialize)]
 struct Claims {
     sub: String,
+    /// Any JSON value: a token with a role of another shape (a list, say) is still valid, it
+    /// just is not an operator's.
+    #[serde(default)]
+    role: Option<serde_json::Value>,
+}
+
+/// Who made a request: the token's `sub` and `role`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub user: String,
+    pub role: Option<String>,
+}
+
+impl Caller {
+    /// 403 FORBIDDEN unless the token's role is `operator`.
+    pub fn require_operator(&self) -> Result<(), ApiError> {
+        if self.role.as_deref() == Some(OPERATOR) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(
+                "approving or cancelling a transaction needs a token with role \"operator\"",
+            ))
+        }
+    }
 }
 
 impl Verifier {
@@ -61,6 +91,11 @@ impl Verifier {
     /// The authenticated user of a request: the `sub` of its valid bearer token, or 401
     /// UNAUTHORIZED.
     pub fn user(&self, headers: &HeaderMap) -> Result<String, ApiError> {
+        self.caller(headers).map(|c| c.user)
+    }
+
+    /// The authenticated caller of a request, with its role, or 401 UNAUTHORIZED.
+    pub fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
         let value = headers
             .get(AUTHORIZATION)
             .ok_or_else(|| ApiError::unauthorized("no Authorization header"))?;
@@ -88,7 +123,13 @@ impl Verifier {
             })?;
         check_id("user id", &data.claims.sub)
             .map_err(|_| ApiError::unauthorized("the token's sub is not a valid user id"))?;
-        Ok(data.claims.sub)
+        Ok(Caller {
+            user: data.claims.sub,
+            role: match data.claims.role {
+                Some(serde_json::Value::String(r)) => Some(r),
+                _ => None,
+            },
+        })
     }
 }
 
@@ -135,6 +176,36 @@ mod tests {
     fn a_valid_token_names_its_user() {
         let t = token(json!({"sub": "u-1", "exp": now() + 60}), SECRET);
         assert_eq!(verifier().user(&headers(&t)), Ok("u-1".to_string()));
+    }
+
+    #[test]
+    fn only_an_operator_token_may_approve() {
+        let v = verifier();
+        for (claims, operator) in [
+            (
+                json!({"sub": "op", "exp": now() + 60, "role": "operator"}),
+                true,
+            ),
+            (
+                json!({"sub": "op", "exp": now() + 60, "role": "user"}),
+                false,
+            ),
+            (
+                json!({"sub": "op", "exp": now() + 60, "role": ["operator"]}),
+                false,
+            ),
+            (json!({"sub": "op", "exp": now() + 60}), false),
+        ] {
+            let caller = v
+                .caller(&headers(&token(claims.clone(), SECRET)))
+                .expect("valid");
+            assert_eq!(caller.user, "op");
+            let allowed = caller.require_operator();
+            assert_eq!(allowed.is_ok(), operator, "{claims}");
+            if let Err(e) = allowed {
+                assert_eq!((e.status.as_u16(), e.code), (403, "FORBIDDEN"));
+            }
+        }
     }
 
     #[test]

@@ -6,12 +6,19 @@ use std::time::Duration;
 
 use jsonwebtoken::DecodingKey;
 use txflow_core::config::{Config, JwtAlg};
+use txflow_core::kafka::{KafkaSettings, Topics};
 use txflow_core::retry::{Classify, Retry};
 
 use crate::auth::Verifier;
 
 /// The largest request body accepted (a transfer request is a few hundred bytes).
 pub const BODY_LIMIT: usize = 16 * 1024;
+
+/// The largest calldata a tx request may carry (the allocator's limit).
+pub const MAX_TX_DATA_BYTES: usize = 128 * 1024;
+
+/// The largest tx request body: the calldata as hex, plus room for the other fields.
+pub const TX_BODY_LIMIT: usize = 2 * MAX_TX_DATA_BYTES + 16 * 1024;
 
 /// The shortest HS256 secret accepted (RFC 7518 §3.2: at least the hash's size).
 pub const MIN_SECRET_LEN: usize = 32;
@@ -23,8 +30,17 @@ pub struct GatewayConfig {
     pub verifier: Verifier,
     pub rate_per_sec: u32,
     pub rate_burst: u32,
+    /// The transfers a user may create per UTC day (DAILY_LIMIT_EXCEEDED past it).
+    pub daily_count: u32,
     pub timeout: Duration,
     pub body_limit: usize,
+    /// The broker, the registry and the topics the gateway produces to (and creates at start).
+    pub kafka: KafkaSettings,
+    pub registry_url: String,
+    pub topics: Topics,
+    pub partitions: i32,
+    /// The chain this deployment serves: a tx request for another chain is refused.
+    pub chain_id: i64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,8 +131,14 @@ impl GatewayConfig {
             verifier: Verifier::new(g.jwt_alg, key),
             rate_per_sec: g.rate_per_sec,
             rate_burst: g.rate_burst,
+            daily_count: g.daily_count,
             timeout: Duration::from_millis(g.timeout_ms),
             body_limit: BODY_LIMIT,
+            kafka: c.kafka.clone(),
+            registry_url: c.schema_registry_url.clone(),
+            topics: c.topics.clone(),
+            partitions: c.partitions,
+            chain_id: c.chain_id,
         })
     }
 }

@@ -13,6 +13,10 @@ use crate::store::StoreError;
 /// another user's, which is never told apart.
 pub const NOT_FOUND: &str = "NOT_FOUND";
 
+/// Transfers are halted (a conservation violation is open, seed 004 MON-003): the gateway's own
+/// code, with 503.
+pub const SERVICE_HALTED: &str = "SERVICE_HALTED";
+
 /// The longest message sent.
 const MAX_MESSAGE: usize = 200;
 
@@ -23,10 +27,16 @@ pub struct ApiError {
     pub message: String,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    code: &'a str,
-    message: &'a str,
+/// Every error's body.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// The seed's code (seed 004 §1.5, §8.1: `UNAUTHORIZED`, `FORBIDDEN`, `INVALID_REQUEST`,
+    /// `INVALID_AMOUNT`, `RATE_LIMIT_EXCEEDED`, `DUPLICATE_REQUEST`, `SYSTEM_ERROR`, …) or the
+    /// gateway's own (`NOT_FOUND`, `SERVICE_HALTED`).
+    #[schema(example = "INVALID_REQUEST")]
+    pub code: String,
+    /// A short human-readable explanation.
+    pub message: String,
 }
 
 /// The status of a refusal with `code`.
@@ -85,6 +95,23 @@ impl ApiError {
         )
     }
 
+    /// The user created `daily_count` transfers today (UTC): 429 DAILY_LIMIT_EXCEEDED.
+    pub fn daily_count(daily_count: u32) -> ApiError {
+        ApiError::code(
+            TransferCode::DailyLimitExceeded,
+            format!("at most {daily_count} transfers per day (UTC); retry tomorrow"),
+        )
+    }
+
+    /// Today's transfers of the asset plus this one exceed its `daily_limit`: 429
+    /// DAILY_AMOUNT_EXCEEDED.
+    pub fn daily_amount(asset: &str, daily_limit: &str) -> ApiError {
+        ApiError::code(
+            TransferCode::DailyAmountExceeded,
+            format!("at most {daily_limit} {asset} per day (UTC) in total"),
+        )
+    }
+
     pub fn duplicate(message: impl Into<String>) -> ApiError {
         ApiError::code(TransferCode::DuplicateRequest, message)
     }
@@ -119,6 +146,26 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, NOT_FOUND, "no such transfer")
     }
 
+    pub fn tx_not_found() -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, NOT_FOUND, "no such transaction")
+    }
+
+    /// Transfers are halted: 503 SERVICE_HALTED, nothing recorded.
+    pub fn halted() -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            SERVICE_HALTED,
+            "transfers are halted: a fund conservation check failed and awaits an operator",
+        )
+    }
+
+    /// A message the caller asked for could not be published (nothing else was done): logged
+    /// with its cause here, answered as SYSTEM_ERROR.
+    pub fn publish(e: crate::publish::PublishError) -> ApiError {
+        tracing::warn!(error = %e, source = ?std::error::Error::source(&e).map(|s| s.to_string()), "gateway: publishing failed");
+        ApiError::system("the broker is unavailable; retry the request")
+    }
+
     /// The database failed: logged with its cause here, answered as SYSTEM_ERROR.
     pub fn store(e: StoreError) -> ApiError {
         tracing::error!(error = %e, source = ?std::error::Error::source(&e).map(|s| s.to_string()), "gateway: the database failed");
@@ -132,16 +179,23 @@ impl From<StoreError> for ApiError {
     }
 }
 
+/// The code of an error answer, in the response's extensions: the metrics middleware counts it
+/// (`gateway_rejections_total{code}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCode(pub &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut response = (
             self.status,
-            Json(Body {
-                code: self.code,
-                message: &self.message,
+            Json(ErrorBody {
+                code: self.code.to_string(),
+                message: self.message,
             }),
         )
-            .into_response()
+            .into_response();
+        response.extensions_mut().insert(ErrorCode(self.code));
+        response
     }
 }
 
@@ -157,6 +211,8 @@ mod tests {
             (TransferCode::InvalidAmount, 400),
             (TransferCode::SameAccount, 400),
             (TransferCode::RateLimitExceeded, 429),
+            (TransferCode::DailyLimitExceeded, 429),
+            (TransferCode::DailyAmountExceeded, 429),
             (TransferCode::DuplicateRequest, 409),
             (TransferCode::SystemError, 503),
         ] {

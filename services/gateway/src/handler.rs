@@ -1,115 +1,132 @@
 //! The HTTP API (seed 004 §8): `POST /api/v1/internal_transfer`, `GET
-//! /api/v1/internal_transfer/{req_id}`, `/healthz`, `/readyz`.
+//! /api/v1/internal_transfer/{req_id}`, the tx endpoints (`tx.rs`), `/healthz`, `/readyz`,
+//! `/openapi.json`, `/metrics`.
 //!
 //! A transfer request is checked in the order of §1.5.8: (1) authentication, (2) the request's
 //! `user_id` against the token's, (3–6) the request's format, account types, asset and amount
-//! (the domain's `validate_request`, against the `assets` table), (7) the rate limit, (8) `cid`
-//! idempotency, then the transfer is recorded in INIT. The balance (9) is the FUNDING adapter's
-//! check, made when the coordinator executes the transfer.
+//! (the domain's `validate_request`, against the `assets` table), (7) the per-second rate limit,
+//! then — unless transfers are halted (an open conservation violation: 503 SERVICE_HALTED,
+//! nothing recorded) — in one transaction under the user's advisory lock: (8) `cid` idempotency
+//! (a replay is answered before the daily limits, and never counts twice), the daily limits of
+//! §1.5.6 (429 DAILY_LIMIT_EXCEEDED, DAILY_AMOUNT_EXCEEDED; see `store::record_within_limits`),
+//! and the INIT row; then a TransferRequested is published to the coordinator (keyed by the
+//! user). A failed publish does not fail the request:
+//! the row is the truth, and the coordinator's recovery scan resumes INIT rows. A `cid` replay
+//! publishes nothing. The balance (9) is the FUNDING adapter's check, made when the coordinator
+//! executes the transfer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{Path, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use chrono::SecondsFormat;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgPool;
+use txflow_core::events::TransferRequested;
+use txflow_core::kafka::Topics;
 use txflow_core::transfer::{
     Rejected, TransferCode, TransferRequest, TransferState, check_id, validate_request,
 };
+use utoipa::ToSchema;
 
 use crate::auth::Verifier;
-use crate::error::ApiError;
-use crate::rate::RateLimiter;
-use crate::store::{self, NewTransfer, TransferRow};
+use crate::error::{ApiError, ErrorBody};
+use crate::publish::{Publisher, traceparent_of, transfer_requested_event_id};
+use crate::rate::{Limits, RateLimiter};
+use crate::store::{self, NewTransfer, Recorded, TransferRow};
 
 /// How long `/readyz` waits for the database.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
-pub struct AppState(Arc<Inner>);
+pub struct AppState(pub(crate) Arc<Inner>);
 
-struct Inner {
-    pool: PgPool,
-    verifier: Verifier,
-    limiter: RateLimiter,
-    body_limit: usize,
+pub(crate) struct Inner {
+    pub(crate) pool: PgPool,
+    pub(crate) verifier: Verifier,
+    pub(crate) limiter: RateLimiter,
+    /// The transfers a user may create per UTC day (`gateway.daily_count`).
+    pub(crate) daily_count: u32,
+    pub(crate) body_limit: usize,
+    pub(crate) publisher: Arc<Publisher>,
+    pub(crate) topics: Topics,
+    /// The chain this deployment serves.
+    pub(crate) chain_id: i64,
+    /// The OpenAPI document served at `/openapi.json` ([`AppState::with_openapi`]).
+    pub(crate) openapi: String,
 }
 
 impl AppState {
     pub fn new(
         pool: PgPool,
         verifier: Verifier,
-        limiter: RateLimiter,
+        limits: Limits,
         body_limit: usize,
+        publisher: Arc<Publisher>,
+        topics: Topics,
+        chain_id: i64,
     ) -> AppState {
         AppState(Arc::new(Inner {
             pool,
             verifier,
-            limiter,
+            limiter: limits.rate,
+            daily_count: limits.daily_count,
             body_limit,
+            publisher,
+            topics,
+            chain_id,
+            openapi: String::new(),
         }))
     }
-}
 
-/// The API's routes, with the body limit and the per-request timeout.
-pub fn router(state: AppState, timeout: Duration) -> Router {
-    let body_limit = state.0.body_limit;
-    Router::new()
-        .route("/api/v1/internal_transfer", post(create_transfer))
-        .route("/api/v1/internal_transfer/{req_id}", get(get_transfer))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .fallback(|| async { ApiError::not_found() })
-        .layer(DefaultBodyLimit::max(body_limit))
-        .layer(middleware::from_fn_with_state(timeout, with_timeout))
-        .with_state(state)
-}
-
-/// A request not answered within `timeout` gets 503 SYSTEM_ERROR. Its work is dropped; a
-/// transfer it recorded stays recorded, and a retry with the same `cid` returns it.
-async fn with_timeout(State(timeout): State<Duration>, req: Request, next: Next) -> Response {
-    match tokio::time::timeout(timeout, next.run(req)).await {
-        Ok(response) => response,
-        Err(_) => {
-            tracing::warn!(
-                timeout_ms = timeout.as_millis() as u64,
-                "gateway: a request timed out"
-            );
-            ApiError::system("the request timed out; retry it (with the same cid)").into_response()
+    /// The document `/openapi.json` serves (`crate::openapi::pretty()`, given by the caller so
+    /// that the handlers do not depend on the document that lists them).
+    pub fn with_openapi(mut self, document: String) -> AppState {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            inner.openapi = document;
         }
+        self
     }
 }
 
 /// The body of §8.1, plus `cid` (the client's idempotency key) and `user_id` (the user the
 /// client acts for; the token's when left out).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TransferBody {
-    from: String,
-    to: String,
-    asset: String,
+pub struct TransferBody {
+    /// The source account type: `FUNDING` or `SPOT`.
+    #[schema(example = "FUNDING")]
+    pub from: String,
+    /// The target account type: `FUNDING` or `SPOT`, not `from`.
+    #[schema(example = "SPOT")]
+    pub to: String,
+    /// The asset's code, as in the `assets` table.
+    #[schema(example = "USDT")]
+    pub asset: String,
     /// A decimal string; a JSON number is refused (INVALID_AMOUNT), never read as a float.
-    amount: Value,
+    #[schema(value_type = String, example = "100.00")]
+    pub amount: Value,
+    /// The client's idempotency key: the same `cid` again returns the original transfer.
     #[serde(default)]
-    cid: Option<String>,
+    pub cid: Option<String>,
+    /// The user the client acts for: the token's `sub` when left out, and only that.
     #[serde(default)]
-    user_id: Option<String>,
+    pub user_id: Option<String>,
 }
 
 /// A transfer as §8.1 and §8.2 show it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct TransferView {
     pub transfer_id: i64,
+    /// Server-generated (a UUID v7).
     pub req_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cid: Option<String>,
@@ -117,13 +134,18 @@ pub struct TransferView {
     pub from: String,
     pub to: String,
     pub asset: String,
+    /// An exact decimal string, trailing zeros trimmed.
     pub amount: String,
+    /// The state's name of seed 004 §2.1 (`INIT` when just recorded).
+    #[schema(value_type = String, example = "INIT")]
     pub state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_code: Option<String>,
+    /// RFC 3339, UTC, milliseconds.
     pub created_at: String,
     pub updated_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub message: Option<&'static str>,
 }
 
@@ -157,27 +179,27 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
-async fn create_transfer(
-    State(s): State<AppState>,
-    headers: HeaderMap,
+/// A request body: readable within `limit` bytes (413), JSON (415), a `what` (400
+/// INVALID_REQUEST).
+pub(crate) fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<TransferView>), ApiError> {
-    // 1. Authentication.
-    let user = s.0.verifier.user(&headers)?;
-    // The body: bounded, JSON, a transfer request.
+    limit: usize,
+    what: &str,
+) -> Result<T, ApiError> {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(s.0.body_limit)
+            ApiError::too_large(limit)
         } else {
             ApiError::malformed("the body could not be read")
         }
     })?;
-    if !is_json(&headers) {
+    if !is_json(headers) {
         return Err(ApiError::unsupported_media_type());
     }
-    let req: TransferBody = serde_json::from_slice(&body).map_err(|e| {
+    serde_json::from_slice(&body).map_err(|e| {
         if e.is_data() {
-            ApiError::malformed(format!("not a transfer request: {e}"))
+            ApiError::malformed(format!("not {what}: {e}"))
         } else {
             ApiError::malformed(format!(
                 "the body is not valid JSON (line {}, column {})",
@@ -185,7 +207,38 @@ async fn create_transfer(
                 e.column()
             ))
         }
-    })?;
+    })
+}
+
+/// Records a transfer request in INIT and publishes it to the transfer coordinator.
+#[utoipa::path(
+    post,
+    path = "/api/v1/internal_transfer",
+    tag = "transfers",
+    request_body = TransferBody,
+    security(("bearer" = [])),
+    responses(
+        (status = 202, description = "Recorded in INIT, to be executed", body = TransferView),
+        (status = 200, description = "A `cid` already used for the same transfer: the original", body = TransferView),
+        (status = 400, description = "An invalid request (INVALID_REQUEST, INVALID_AMOUNT, SAME_ACCOUNT, …)", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: `user_id` is not the token's", body = ErrorBody),
+        (status = 409, description = "DUPLICATE_REQUEST: the `cid` was used for another transfer", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
+        (status = 415, description = "The body is not JSON", body = ErrorBody),
+        (status = 429, description = "RATE_LIMIT_EXCEEDED (requests per second), DAILY_LIMIT_EXCEEDED (transfers per UTC day) or DAILY_AMOUNT_EXCEEDED (the asset's daily amount)", body = ErrorBody),
+        (status = 503, description = "SERVICE_HALTED (a conservation violation is open) or SYSTEM_ERROR", body = ErrorBody),
+    )
+)]
+pub async fn create_transfer(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<TransferView>), ApiError> {
+    // 1. Authentication.
+    let user = s.0.verifier.user(&headers)?;
+    // The body: bounded, JSON, a transfer request.
+    let req: TransferBody = json_body(&headers, body, s.0.body_limit, "a transfer request")?;
     // 2. Authorisation: the request acts for the token's user only.
     if req.user_id.as_deref().is_some_and(|u| u != user) {
         return Err(ApiError::forbidden("user_id is not the authenticated user"));
@@ -222,7 +275,12 @@ async fn create_transfer(
     if !s.0.limiter.allow(&user) {
         return Err(ApiError::rate_limited());
     }
-    // 8. Idempotency, and the INIT row.
+    // Halted: nothing is recorded while a conservation violation is open.
+    if store::halted(&s.0.pool).await? {
+        tracing::warn!(user_id = %user, "gateway: transfer refused, transfers are halted");
+        return Err(ApiError::halted());
+    }
+    // 8. Idempotency, the daily limits and the INIT row, in one transaction under the user's lock.
     let new = NewTransfer {
         req_id: uuid::Uuid::now_v7().to_string(),
         cid: cid.map(str::to_string),
@@ -231,30 +289,36 @@ async fn create_transfer(
         amount: valid.amount.to_string(),
         direction: valid.direction,
     };
-    if let Some(row) = store::insert(&s.0.pool, &new).await? {
-        tracing::info!(
-            req_id = %row.req_id,
-            user_id = %row.user_id,
-            asset = %row.asset,
-            amount = %row.amount,
-            from = %row.source_account,
-            "gateway: transfer recorded (INIT)"
-        );
-        return Ok((
-            StatusCode::ACCEPTED,
-            Json(view(
-                row,
-                Some("accepted: recorded in INIT, to be executed"),
-            )?),
-        ));
-    }
-    // The cid is taken: the original transfer, if this is the same request.
-    let Some(cid) = new.cid.as_deref() else {
-        return Err(ApiError::store(store::StoreError::CidVanished));
+    let row = match store::record_within_limits(&s.0.pool, &new, s.0.daily_count).await? {
+        Recorded::New(row) => {
+            tracing::info!(
+                req_id = %row.req_id,
+                user_id = %row.user_id,
+                asset = %row.asset,
+                amount = %row.amount,
+                from = %row.source_account,
+                "gateway: transfer recorded (INIT)"
+            );
+            publish_requested(&s, &row, &traceparent_of(&headers)).await;
+            return Ok((
+                StatusCode::ACCEPTED,
+                Json(view(
+                    row,
+                    Some("accepted: recorded in INIT, to be executed"),
+                )?),
+            ));
+        }
+        Recorded::DailyCount { daily_count } => {
+            tracing::info!(user_id = %new.user_id, daily_count, "gateway: transfer refused, daily count reached");
+            return Err(ApiError::daily_count(daily_count));
+        }
+        Recorded::DailyAmount { daily_limit } => {
+            tracing::info!(user_id = %new.user_id, asset = %new.asset, daily_limit, "gateway: transfer refused, daily amount reached");
+            return Err(ApiError::daily_amount(&new.asset, &daily_limit));
+        }
+        // The cid is taken: the original transfer, if this is the same request.
+        Recorded::CidTaken(row) => row,
     };
-    let row = store::by_cid(&s.0.pool, &new.user_id, cid)
-        .await?
-        .ok_or(store::StoreError::CidVanished)?;
     let same = row.asset == new.asset
         && row.amount == new.amount
         && row.transfer_type == new.direction.transfer_type();
@@ -269,7 +333,54 @@ async fn create_transfer(
     ))
 }
 
-async fn get_transfer(
+/// Publishes the TransferRequested of a new transfer; a failure is logged, not answered (the
+/// coordinator's recovery scan resumes the INIT row).
+async fn publish_requested(s: &AppState, row: &TransferRow, traceparent: &str) {
+    let event = TransferRequested {
+        event_id: transfer_requested_event_id(&row.req_id).to_string(),
+        req_id: row.req_id.clone(),
+        user_id: row.user_id.clone(),
+        asset: row.asset.clone(),
+        amount: row.amount.clone(),
+        from_account: row.source_account.clone(),
+        to_account: row.target_account.clone(),
+        created_at_ms: row.created_at.timestamp_millis(),
+        traceparent: Some(traceparent.to_string()),
+    };
+    let topic = s.0.topics.transfer_requests();
+    match s
+        .0
+        .publisher
+        .publish(&topic, &row.user_id, &event, traceparent)
+        .await
+    {
+        Ok(()) => {
+            tracing::debug!(req_id = %row.req_id, topic, "gateway: TransferRequested published")
+        }
+        Err(e) => tracing::warn!(
+            req_id = %row.req_id,
+            error = %e,
+            source = ?std::error::Error::source(&e).map(|s| s.to_string()),
+            "gateway: publishing TransferRequested failed; the transfer stays in INIT for the coordinator's recovery scan"
+        ),
+    }
+}
+
+/// A transfer of the token's user (another user's is not found, exactly as an unknown one).
+#[utoipa::path(
+    get,
+    path = "/api/v1/internal_transfer/{req_id}",
+    tag = "transfers",
+    params(("req_id" = String, Path, description = "The transfer's server-generated id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The transfer", body = TransferView),
+        (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND: unknown, or another user's", body = ErrorBody),
+        (status = 503, description = "SYSTEM_ERROR", body = ErrorBody),
+    )
+)]
+pub async fn get_transfer(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(req_id): Path<String>,
@@ -285,28 +396,109 @@ async fn get_transfer(
     }
 }
 
-async fn healthz() -> &'static str {
+/// Liveness: the process answers.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    responses((status = 200, description = "`ok`", body = String, content_type = "text/plain"))
+)]
+pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(s): State<AppState>) -> (StatusCode, Json<Value>) {
-    let ok = matches!(
-        tokio::time::timeout(READY_TIMEOUT, store::ping(&s.0.pool)).await,
-        Ok(Ok(()))
+/// What `/readyz` answers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Readiness {
+    /// `ready` or `not ready`.
+    pub status: &'static str,
+    /// Each dependency: `database` (`ok` or `unreachable`) and `broker` (`ok`, or `unreachable`
+    /// until the gateway's topics exist and after a failed publish).
+    #[schema(value_type = std::collections::BTreeMap<String, String>)]
+    pub checks: std::collections::BTreeMap<&'static str, &'static str>,
+    /// The checks that failed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>)]
+    pub failed: Vec<&'static str>,
+}
+
+/// Readiness: the database answers and the broker is usable.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = Readiness),
+        (status = 503, description = "Not ready", body = Readiness),
+    )
+)]
+pub async fn readyz(State(s): State<AppState>) -> (StatusCode, Json<Readiness>) {
+    let (database, broker) = tokio::join!(
+        tokio::time::timeout(READY_TIMEOUT, store::ping(&s.0.pool)),
+        s.0.publisher.ready(READY_TIMEOUT),
     );
-    if ok {
-        (
-            StatusCode::OK,
-            Json(serde_json::json!({"status": "ready", "checks": {"database": "ok"}})),
-        )
+    let mut checks = std::collections::BTreeMap::new();
+    let mut failed = Vec::new();
+    for (name, ok) in [
+        ("database", matches!(database, Ok(Ok(())))),
+        ("broker", broker),
+    ] {
+        checks.insert(name, if ok { "ok" } else { "unreachable" });
+        if !ok {
+            failed.push(name);
+        }
+    }
+    let (status, word) = if failed.is_empty() {
+        (StatusCode::OK, "ready")
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({
-                "status": "not ready",
-                "checks": {"database": "unreachable"},
-                "failed": ["database"],
-            })),
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    };
+    (
+        status,
+        Json(Readiness {
+            status: word,
+            checks,
+            failed,
+        }),
+    )
+}
+
+/// The OpenAPI document of this API (`services/gateway/openapi.json`).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    responses((status = 200, description = "The OpenAPI 3.1 document", body = Object))
+)]
+pub async fn openapi(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(CONTENT_TYPE, "application/json")],
+        state.0.openapi.clone(),
+    )
+}
+
+/// The Prometheus text exposition of the process's metrics (`txflow_core::metrics`), among them
+/// `gateway_requests_total{route, status}` and `gateway_rejections_total{code}`.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Prometheus text exposition (version 0.0.4)", body = String, content_type = "text/plain"),
+        (status = 500, description = "The exposition could not be encoded", body = String, content_type = "text/plain"),
+    )
+)]
+pub async fn metrics() -> Response {
+    const PROMETHEUS: &str = "text/plain; version=0.0.4";
+    match txflow_core::metrics::encode_text() {
+        Some(Ok(text)) => ([(CONTENT_TYPE, PROMETHEUS)], text).into_response(),
+        Some(Err(e)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(CONTENT_TYPE, "text/plain")],
+            format!("{e}\n"),
         )
+            .into_response(),
+        // Not initialised (a test's router): an empty exposition.
+        None => ([(CONTENT_TYPE, PROMETHEUS)], String::new()).into_response(),
     }
 }

@@ -6,6 +6,15 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// The per-user limits of seed 004 §1.5.6: the per-second bucket here, and the transfers per UTC
+/// day (`gateway.daily_count`), counted in the database (`store::record_within_limits`, which
+/// also applies the asset's daily amount).
+#[derive(Debug)]
+pub struct Limits {
+    pub rate: RateLimiter,
+    pub daily_count: u32,
+}
+
 /// At most this many users are tracked; past it the full (idle) buckets are forgotten.
 const MAX_TRACKED: usize = 100_000;
 

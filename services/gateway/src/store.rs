@@ -1,11 +1,16 @@
 //! The gateway's SQL on `transfers` and `assets` (migration 0012): the INIT row of a new transfer
 //! (idempotent per user and `cid` by the table's `UNIQUE (user_id, cid)`), the reads of §8.2, and
 //! the asset rules the domain validates against. Amounts are bound as text cast `::numeric` and
-//! read as text with the trailing zeros of the column's scale trimmed.
+//! read as text with the trailing zeros of the column's scale trimmed. The daily limits of seed
+//! 004 §1.5.6 (migration 0014) are checked in the transaction that inserts, under an advisory
+//! lock per user ([`record_within_limits`]). Also the halt flag
+//! (`transfer_conservation_violations`, migration 0013) and the reads of `managed_tx` for the tx
+//! endpoints (the gateway never writes a transaction: the allocator owns them).
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
-use sqlx::PgPool;
+use sha2::{Digest, Sha256};
+use sqlx::{PgConnection, PgPool};
 use txflow_core::retry::{Classify, Retry};
 use txflow_core::transfer::{AssetRule, AssetStatus, AssetTable, Direction, InvalidAssetRule};
 
@@ -72,9 +77,117 @@ pub struct NewTransfer {
     pub direction: Direction,
 }
 
-/// Inserts `t` in state INIT. `None`: this user already has a transfer with this `cid` (nothing
-/// was written); read it with [`by_cid`].
-pub async fn insert(pool: &PgPool, t: &NewTransfer) -> Result<Option<TransferRow>, StoreError> {
+/// What [`record_within_limits`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// A new INIT row.
+    New(TransferRow),
+    /// The user already has a transfer with this `cid` (nothing was written): the caller decides
+    /// whether it is the same request.
+    CidTaken(TransferRow),
+    /// Refused, nothing written: the user already created `daily_count` transfers today (UTC).
+    DailyCount { daily_count: u32 },
+    /// Refused, nothing written: today's transfers of this asset plus this one would exceed the
+    /// asset's `daily_limit` (the limit as text, trailing zeros trimmed).
+    DailyAmount { daily_limit: String },
+}
+
+/// The advisory lock key of `user`'s daily limits: the first 8 bytes of
+/// sha256("txflow.transfer.daily:" + user). A collision between two users only serialises them.
+pub fn daily_lock_key(user: &str) -> i64 {
+    let digest = Sha256::new()
+        .chain_update(b"txflow.transfer.daily:")
+        .chain_update(user.as_bytes())
+        .finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// Records `t` in state INIT within the daily limits of seed 004 §1.5.6, in one transaction:
+///
+/// 1. `pg_advisory_xact_lock` on [`daily_lock_key`] of the user, so that one user's requests (on
+///    any gateway process) are checked and inserted one at a time and two cannot both pass;
+/// 2. a `cid` this user already used answers [`Recorded::CidTaken`] before any limit is checked:
+///    a replay never counts twice, and is answered even when the user is at a limit;
+/// 3. the user's transfers created since the start of the current UTC day (every state counts: a
+///    failed or refunded transfer still used the allowance) are counted, and those of `t.asset`
+///    summed: a count reaching `daily_count`, or a sum plus `t.amount` above the asset's
+///    `daily_limit` (NULL: none), is refused and nothing is written;
+/// 4. the INSERT (`ON CONFLICT (user_id, cid) DO NOTHING`, still the guard should a row arrive
+///    outside the lock).
+///
+/// The day's rows are read through `transfers_user_created_idx (user_id, created_at)`; the sums
+/// are compared in SQL, exactly (a sum of NUMERIC(38, 18) may not fit a `Decimal`).
+pub async fn record_within_limits(
+    pool: &PgPool,
+    t: &NewTransfer,
+    daily_count: u32,
+) -> Result<Recorded, StoreError> {
+    let mut tx = pool
+        .begin()
+        .await
+        .map_err(db("begin a transfer's insert"))?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(daily_lock_key(&t.user_id))
+        .execute(&mut *tx)
+        .await
+        .map_err(db("take the user's daily-limit lock"))?;
+    if let Some(cid) = t.cid.as_deref()
+        && let Some(row) = by_cid_on(&mut tx, &t.user_id, cid).await?
+    {
+        tx.commit().await.map_err(db("end a cid replay"))?;
+        return Ok(Recorded::CidTaken(row));
+    }
+    let (count, over_amount, daily_limit): (i64, Option<bool>, Option<String>) = sqlx::query_as(
+        "WITH today AS ( \
+             SELECT asset, amount FROM transfers \
+             WHERE user_id = $1 AND created_at >= date_trunc('day', now(), 'UTC') \
+         ) \
+         SELECT (SELECT count(*) FROM today), \
+                coalesce((SELECT sum(amount) FROM today WHERE asset = $2), 0) + $3::numeric \
+                    > (SELECT daily_limit FROM assets WHERE asset = $2), \
+                (SELECT trim_scale(daily_limit)::text FROM assets WHERE asset = $2)",
+    )
+    .bind(&t.user_id)
+    .bind(&t.asset)
+    .bind(&t.amount)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db("read the user's transfers of the day"))?;
+    let refused = if count >= i64::from(daily_count) {
+        Some(Recorded::DailyCount { daily_count })
+    } else if over_amount == Some(true) {
+        Some(Recorded::DailyAmount {
+            daily_limit: daily_limit.unwrap_or_default(),
+        })
+    } else {
+        None
+    };
+    if let Some(refused) = refused {
+        // Nothing written; rolled back now (not when the connection is next used), which
+        // releases the lock for the user's next request.
+        tx.rollback().await.map_err(db("end a refused transfer"))?;
+        return Ok(refused);
+    }
+    let recorded = match insert_on(&mut tx, t).await? {
+        Some(row) => Recorded::New(row),
+        None => {
+            let cid = t.cid.as_deref().ok_or(StoreError::CidVanished)?;
+            let row = by_cid_on(&mut tx, &t.user_id, cid)
+                .await?
+                .ok_or(StoreError::CidVanished)?;
+            Recorded::CidTaken(row)
+        }
+    };
+    tx.commit().await.map_err(db("commit a transfer"))?;
+    Ok(recorded)
+}
+
+async fn insert_on(
+    conn: &mut PgConnection,
+    t: &NewTransfer,
+) -> Result<Option<TransferRow>, StoreError> {
     let sql = format!(
         "INSERT INTO transfers (req_id, cid, user_id, asset, amount, transfer_type, \
          source_account, target_account, state) \
@@ -90,14 +203,14 @@ pub async fn insert(pool: &PgPool, t: &NewTransfer) -> Result<Option<TransferRow
         .bind(t.direction.transfer_type())
         .bind(t.direction.source().as_str())
         .bind(t.direction.target().as_str())
-        .fetch_optional(pool)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(db("insert a transfer"))
 }
 
-/// `user`'s transfer with this `cid`.
-pub async fn by_cid(
-    pool: &PgPool,
+/// `user`'s transfer with this `cid`, in the recording transaction.
+async fn by_cid_on(
+    conn: &mut PgConnection,
     user: &str,
     cid: &str,
 ) -> Result<Option<TransferRow>, StoreError> {
@@ -105,7 +218,7 @@ pub async fn by_cid(
     sqlx::query_as::<_, TransferRow>(&sql)
         .bind(user)
         .bind(cid)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(db("read a transfer by cid"))
 }
@@ -163,4 +276,85 @@ pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
         .await
         .map(|_| ())
         .map_err(db("ping"))
+}
+
+/// Whether transfers are halted: the conservation check found a violation nobody resolved yet
+/// (`transfer_conservation_violations`, migration 0013).
+pub async fn halted(pool: &PgPool) -> Result<bool, StoreError> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM transfer_conservation_violations WHERE resolved_at IS NULL)",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(db("check the transfer halt"))
+}
+
+/// A `managed_tx` row as the tx endpoints show it (migrations 0001 and later), with the hash of
+/// the mined attempt, or else of the latest one.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct TxRow {
+    pub tx_id: uuid::Uuid,
+    pub request_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub kind: String,
+    pub nonce: Option<i64>,
+    pub state: String,
+    pub sub_state: Option<String>,
+    pub failure_code: Option<String>,
+    pub failure_reason: Option<String>,
+    pub to_address: Option<String>,
+    pub value: Option<String>,
+    pub tx_hash: Option<String>,
+    pub attempts: i64,
+    pub required_confirmations: i32,
+    pub mined_block_number: Option<i64>,
+    pub mined_block_hash: Option<String>,
+    pub approved_by: Option<String>,
+    pub approved_at: Option<DateTime<Utc>>,
+    pub hold_reason: Option<String>,
+    pub depends_on_request_id: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub confirmed_at: Option<DateTime<Utc>>,
+}
+
+const TX_COLUMNS: &str = "m.tx_id, m.request_id, m.chain_id, m.signer, m.kind, m.nonce, m.state, \
+     m.sub_state, m.failure_code, m.failure_reason, m.payload->>'to' AS to_address, \
+     m.payload->>'value' AS value, \
+     coalesce(m.receipt->>'tx_hash', (SELECT a.tx_hash FROM tx_attempts a WHERE a.tx_id = m.tx_id \
+         ORDER BY a.attempt DESC LIMIT 1)) AS tx_hash, \
+     (SELECT count(*) FROM tx_attempts a WHERE a.tx_id = m.tx_id) AS attempts, \
+     m.required_confirmations, m.mined_block_number, m.mined_block_hash, m.approved_by, \
+     m.approved_at, m.hold_reason, m.depends_on_request_id, m.created_at, m.updated_at, \
+     m.confirmed_at";
+
+/// The transaction `tx_id`.
+pub async fn tx_by_id(pool: &PgPool, tx_id: uuid::Uuid) -> Result<Option<TxRow>, StoreError> {
+    let sql = format!("SELECT {TX_COLUMNS} FROM managed_tx m WHERE m.tx_id = $1");
+    sqlx::query_as::<_, TxRow>(&sql)
+        .bind(tx_id)
+        .fetch_optional(pool)
+        .await
+        .map_err(db("read a transaction"))
+}
+
+/// The transaction of a request (`managed_tx_request_uq`); `signer` in lowercase.
+pub async fn tx_by_request(
+    pool: &PgPool,
+    chain_id: i64,
+    signer: &str,
+    request_id: &str,
+) -> Result<Option<TxRow>, StoreError> {
+    let sql = format!(
+        "SELECT {TX_COLUMNS} FROM managed_tx m \
+         WHERE m.chain_id = $1 AND m.signer = $2 AND m.request_id = $3"
+    );
+    sqlx::query_as::<_, TxRow>(&sql)
+        .bind(chain_id)
+        .bind(signer)
+        .bind(request_id)
+        .fetch_optional(pool)
+        .await
+        .map_err(db("read a transaction by request"))
 }

@@ -7,6 +7,13 @@
 //! its key `(req_id, op)` and the decision — applied, or rejected with its code — is recorded.
 //! A repeat of the key gets the recorded answer and changes nothing, whatever the ledger's state
 //! is by then; a repeat with other parameters is refused (`DUPLICATE_REQUEST`) and not recorded.
+//!
+//! Outside movements (issue 18, the conservation check of seed 004 §7.2): a CREDIT or DEBIT with
+//! `external` set is money entering or leaving the trading core from outside the two ledgers, not
+//! a transfer leg. It is decided like any CREDIT or DEBIT (same idempotency, same refusals, a
+//! frozen account refuses it too), and the ledger keeps, per (user, asset), `external_net` = the
+//! applied external CREDITs − the applied external DEBITs ([`Ledger::external_net`]), rebuilt from
+//! the log like the balances. So `balance − external_net` is what transfers moved in and out.
 
 use std::collections::{HashMap, HashSet};
 
@@ -42,6 +49,10 @@ pub struct Record {
     /// The command's amount, as it came (compared on a repeat).
     pub amount: String,
     pub compensation: bool,
+    /// An outside movement (counted in `external_net`), not a transfer leg. Records written
+    /// before the field existed read as `false`.
+    #[serde(default)]
+    pub external: bool,
     /// `None`: applied; `Some(code)`: rejected, with no effect.
     pub code: Option<String>,
     /// The (user, asset) balance after the operation (CREDIT and DEBIT, applied or not).
@@ -55,6 +66,8 @@ pub type OpKey = (String, SpotOp);
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Ledger {
     balances: HashMap<(String, String), Decimal>,
+    /// Applied external CREDITs − applied external DEBITs, per (user, asset) that had one.
+    external_net: HashMap<(String, String), Decimal>,
     frozen: HashSet<String>,
     processed: HashMap<OpKey, Record>,
     last_seq: u64,
@@ -73,6 +86,12 @@ pub enum ApplyError {
     },
     #[error("record {seq} is applied but carries no balance")]
     NoBalance { seq: u64 },
+    #[error("record {seq} moves the external net of ({user_id}, {asset}) out of range")]
+    NetOverflow {
+        seq: u64,
+        user_id: String,
+        asset: String,
+    },
 }
 
 impl Ledger {
@@ -82,6 +101,21 @@ impl Ledger {
             .get(&(user.to_string(), asset.to_string()))
             .copied()
             .unwrap_or(Decimal::ZERO)
+    }
+
+    /// The net of the applied outside movements of `(user, asset)` (external CREDITs − external
+    /// DEBITs); zero when there was none. May be negative (money that came in by a transfer and
+    /// left to the outside).
+    pub fn external_net(&self, user: &str, asset: &str) -> Decimal {
+        self.external_net
+            .get(&(user.to_string(), asset.to_string()))
+            .copied()
+            .unwrap_or(Decimal::ZERO)
+    }
+
+    /// Every (user, asset) that had an applied outside movement, with its net.
+    pub fn external_nets(&self) -> impl Iterator<Item = (&(String, String), &Decimal)> {
+        self.external_net.iter()
     }
 
     pub fn is_frozen(&self, user: &str) -> bool {
@@ -104,7 +138,8 @@ impl Ledger {
     }
 
     /// Applies a decided operation: records it in the processed set and, if it was applied,
-    /// sets the balance it recorded (or the frozen flag).
+    /// sets the balance it recorded (or the frozen flag) and, for an outside movement, moves the
+    /// external net by the balance's change (which is the amount, exactly).
     pub fn apply(&mut self, r: Record) -> Result<(), ApplyError> {
         if r.seq != self.last_seq + 1 {
             return Err(ApplyError::OutOfOrder {
@@ -124,8 +159,21 @@ impl Ledger {
             match r.op {
                 SpotOp::Credit | SpotOp::Debit => {
                     let b = r.balance.ok_or(ApplyError::NoBalance { seq: r.seq })?;
-                    self.balances
-                        .insert((r.user_id.clone(), r.asset.clone()), b);
+                    let account = (r.user_id.clone(), r.asset.clone());
+                    if r.external {
+                        let before = self.balance(&r.user_id, &r.asset);
+                        let net = self.external_net(&r.user_id, &r.asset);
+                        let after = b
+                            .checked_sub(before)
+                            .and_then(|change| net.checked_add(change))
+                            .ok_or_else(|| ApplyError::NetOverflow {
+                                seq: r.seq,
+                                user_id: r.user_id.clone(),
+                                asset: r.asset.clone(),
+                            })?;
+                        self.external_net.insert(account.clone(), after.normalize());
+                    }
+                    self.balances.insert(account, b);
                 }
                 SpotOp::Freeze => {
                     self.frozen.insert(r.user_id.clone());
@@ -151,6 +199,8 @@ pub enum Malformed {
     UserId,
     #[error("the message key is not the command's user_id")]
     Key,
+    #[error("external is set on an operation that is not a CREDIT or DEBIT, or with compensation")]
+    External,
 }
 
 impl Malformed {
@@ -159,11 +209,13 @@ impl Malformed {
             Malformed::ReqId => "INVALID_REQ_ID",
             Malformed::UserId => "INVALID_USER_ID",
             Malformed::Key => "KEY_MISMATCH",
+            Malformed::External => "INVALID_EXTERNAL",
         }
     }
 }
 
-/// The checks that make a command answerable: ids present, keyed by its user.
+/// The checks that make a command answerable: ids present, keyed by its user, `external` only
+/// on a CREDIT or DEBIT that is not a compensation.
 pub fn check_shape(cmd: &SpotCommand, key: Option<&[u8]>) -> Result<(), Malformed> {
     let id_ok = |s: &str| !s.trim().is_empty() && s.len() <= MAX_ID_LEN;
     if !id_ok(&cmd.req_id) {
@@ -174,6 +226,9 @@ pub fn check_shape(cmd: &SpotCommand, key: Option<&[u8]>) -> Result<(), Malforme
     }
     if key != Some(cmd.user_id.as_bytes()) {
         return Err(Malformed::Key);
+    }
+    if cmd.external && (cmd.compensation || !matches!(cmd.op, SpotOp::Credit | SpotOp::Debit)) {
+        return Err(Malformed::External);
     }
     Ok(())
 }
@@ -190,6 +245,14 @@ pub fn parse_amount(s: &str, places: u32) -> Result<Decimal, &'static str> {
     Ok(amount.value())
 }
 
+/// What a BALANCE read answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holding {
+    pub balance: Decimal,
+    /// [`Ledger::external_net`].
+    pub external_net: Decimal,
+}
+
 /// What to do with a (well-shaped) command.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
@@ -199,21 +262,25 @@ pub enum Decision {
     Repeat(Record),
     /// The key was decided before for other parameters: refuse, record nothing.
     Conflict(Record),
-    /// A balance read: the balance, or the code that refuses it.
-    Query(Result<Decimal, &'static str>),
+    /// A balance read: the balance and the external net, or the code that refuses it.
+    Query(Result<Holding, &'static str>),
 }
 
 /// Decides `cmd` against `ledger`, the asset list and the next record number.
 pub fn decide(ledger: &Ledger, assets: &Assets, cmd: &SpotCommand) -> Decision {
     if cmd.op == SpotOp::Balance {
         return Decision::Query(match assets.places(&cmd.asset) {
-            Some(_) => Ok(ledger.balance(&cmd.user_id, &cmd.asset).normalize()),
+            Some(_) => Ok(Holding {
+                balance: ledger.balance(&cmd.user_id, &cmd.asset).normalize(),
+                external_net: ledger.external_net(&cmd.user_id, &cmd.asset).normalize(),
+            }),
             None => Err(code::INVALID_ASSET),
         });
     }
     if let Some(done) = ledger.processed(&cmd.req_id, cmd.op) {
         let same = done.user_id == cmd.user_id
             && done.compensation == cmd.compensation
+            && done.external == cmd.external
             && (matches!(cmd.op, SpotOp::Freeze | SpotOp::Unfreeze)
                 || (done.asset == cmd.asset && done.amount == cmd.amount));
         return if same {
@@ -230,6 +297,7 @@ pub fn decide(ledger: &Ledger, assets: &Assets, cmd: &SpotCommand) -> Decision {
         asset: cmd.asset.clone(),
         amount: cmd.amount.clone(),
         compensation: cmd.compensation,
+        external: cmd.external,
         code: None,
         balance: None,
     };
@@ -263,11 +331,21 @@ fn money(
     if ledger.is_frozen(&cmd.user_id) && !refund {
         return Err(code::ACCOUNT_FROZEN);
     }
-    match cmd.op {
-        SpotOp::Credit => current.checked_add(amount).ok_or(code::OVERFLOW),
-        _ if current < amount => Err(code::INSUFFICIENT_BALANCE),
-        _ => current.checked_sub(amount).ok_or(code::OVERFLOW),
+    let after = match cmd.op {
+        SpotOp::Credit => current.checked_add(amount).ok_or(code::OVERFLOW)?,
+        _ if current < amount => return Err(code::INSUFFICIENT_BALANCE),
+        _ => current.checked_sub(amount).ok_or(code::OVERFLOW)?,
+    };
+    // An outside movement must leave its net representable too (`Ledger::apply` moves it).
+    if cmd.external {
+        let net = ledger.external_net(&cmd.user_id, &cmd.asset);
+        let moved = match cmd.op {
+            SpotOp::Credit => net.checked_add(amount),
+            _ => net.checked_sub(amount),
+        };
+        moved.ok_or(code::OVERFLOW)?;
     }
+    Ok(after)
 }
 
 /// The outcome a decided record is answered with: `fresh` for the first answer.
@@ -296,6 +374,7 @@ mod tests {
             amount: amount.into(),
             op,
             compensation: false,
+            external: false,
         }
     }
 
@@ -496,8 +575,170 @@ mod tests {
         let mut l = Ledger::default();
         run(&mut l, &cmd("fund", SpotOp::Credit, "USDT", "2.50"));
         let q = run(&mut l, &cmd("q", SpotOp::Balance, "USDT", ""));
-        assert_eq!(q, Decision::Query(Ok(d("2.5"))));
+        assert_eq!(
+            q,
+            Decision::Query(Ok(Holding {
+                balance: d("2.5"),
+                external_net: Decimal::ZERO
+            }))
+        );
         assert_eq!(l.last_seq(), 1);
+    }
+
+    fn external(req: &str, op: SpotOp, asset: &str, amount: &str) -> SpotCommand {
+        SpotCommand {
+            external: true,
+            ..cmd(req, op, asset, amount)
+        }
+    }
+
+    fn holding(l: &mut Ledger, asset: &str) -> Holding {
+        match run(l, &cmd("q", SpotOp::Balance, asset, "")) {
+            Decision::Query(Ok(h)) => h,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn outside_movements_are_counted_in_the_external_net_and_transfers_are_not() {
+        let mut l = Ledger::default();
+        // (command, balance after, external net after)
+        let table = [
+            (
+                external("dep1", SpotOp::Credit, "USDT", "100"),
+                "100",
+                "100",
+            ),
+            (cmd("t1", SpotOp::Debit, "USDT", "30.5"), "69.5", "100"),
+            (cmd("t2", SpotOp::Credit, "USDT", "0.5"), "70", "100"),
+            (external("wd1", SpotOp::Debit, "USDT", "70"), "0", "30"),
+            // A transfer in, then out to the outside: the net goes negative.
+            (cmd("t3", SpotOp::Credit, "USDT", "50"), "50", "30"),
+            (
+                external("wd2", SpotOp::Debit, "USDT", "40.25"),
+                "9.75",
+                "-10.25",
+            ),
+            // Refused (recorded, no effect): neither moves.
+            (
+                external("wd3", SpotOp::Debit, "USDT", "9.750001"),
+                "9.75",
+                "-10.25",
+            ),
+            (
+                external("dep2", SpotOp::Credit, "USDT", "0.0000001"),
+                "9.75",
+                "-10.25",
+            ),
+            (
+                external("dep3", SpotOp::Credit, "DOGE", "1"),
+                "9.75",
+                "-10.25",
+            ),
+            // A repeat changes nothing.
+            (
+                external("dep1", SpotOp::Credit, "USDT", "100"),
+                "9.75",
+                "-10.25",
+            ),
+        ];
+        for (c, balance, net) in table {
+            run(&mut l, &c);
+            assert_eq!(l.balance("alice", "USDT"), d(balance), "{c:?}");
+            assert_eq!(l.external_net("alice", "USDT"), d(net), "{c:?}");
+            assert_eq!(
+                holding(&mut l, "USDT"),
+                Holding {
+                    balance: d(balance),
+                    external_net: d(net)
+                }
+            );
+        }
+        // Per asset: BTC never moved.
+        assert_eq!(l.external_net("alice", "BTC"), Decimal::ZERO);
+        let nets: Vec<_> = l.external_nets().collect();
+        assert_eq!(nets.len(), 1);
+    }
+
+    #[test]
+    fn external_is_part_of_the_key_parameters() {
+        let mut l = Ledger::default();
+        run(&mut l, &external("m1", SpotOp::Credit, "USDT", "5"));
+        let before = l.clone();
+        // The same key as a transfer leg: another operation's parameters.
+        let conflict = run(&mut l, &cmd("m1", SpotOp::Credit, "USDT", "5"));
+        assert!(matches!(conflict, Decision::Conflict(_)));
+        let repeat = run(&mut l, &external("m1", SpotOp::Credit, "USDT", "5"));
+        assert!(matches!(repeat, Decision::Repeat(r) if r.external && r.seq == 1));
+        assert_eq!(l, before);
+    }
+
+    #[test]
+    fn a_frozen_account_refuses_outside_movements_too() {
+        let mut l = Ledger::default();
+        run(&mut l, &external("dep", SpotOp::Credit, "USDT", "10"));
+        run(&mut l, &cmd("f", SpotOp::Freeze, "", ""));
+        for c in [
+            external("dep2", SpotOp::Credit, "USDT", "1"),
+            external("wd", SpotOp::Debit, "USDT", "1"),
+        ] {
+            assert_eq!(
+                code_of(&run(&mut l, &c)).as_deref(),
+                Some(code::ACCOUNT_FROZEN)
+            );
+        }
+        assert_eq!(l.external_net("alice", "USDT"), d("10"));
+    }
+
+    #[test]
+    fn an_external_net_out_of_range_is_overflow() {
+        // Reaching the edge by commands takes ~10^11 of them (each at most the domain's safe
+        // amount); set it directly.
+        let account = ("alice".to_string(), "BTC".to_string());
+        let mut l = Ledger::default();
+        run(&mut l, &cmd("t1", SpotOp::Credit, "BTC", "1"));
+        l.external_net.insert(account.clone(), Decimal::MAX);
+        let dep = run(&mut l, &external("dep", SpotOp::Credit, "BTC", "1"));
+        assert_eq!(code_of(&dep).as_deref(), Some(code::OVERFLOW));
+        l.external_net.insert(account, Decimal::MIN);
+        let wd = run(&mut l, &external("wd", SpotOp::Debit, "BTC", "1"));
+        assert_eq!(code_of(&wd).as_deref(), Some(code::OVERFLOW));
+        assert_eq!(l.balance("alice", "BTC"), d("1"));
+        assert_eq!(l.external_net("alice", "BTC"), Decimal::MIN);
+    }
+
+    #[test]
+    fn the_external_net_is_rebuilt_from_the_records() {
+        let mut l = Ledger::default();
+        let mut records = Vec::new();
+        for c in [
+            external("dep", SpotOp::Credit, "USDT", "12.5"),
+            cmd("t1", SpotOp::Debit, "USDT", "2.5"),
+            external("wd", SpotOp::Debit, "USDT", "4"),
+            external("wd2", SpotOp::Debit, "USDT", "400"),
+        ] {
+            if let Decision::Record(r) = run(&mut l, &c) {
+                records.push(r);
+            }
+        }
+        let mut replayed = Ledger::default();
+        for r in records {
+            replayed.apply(r).expect("replay");
+        }
+        assert_eq!(replayed, l);
+        assert_eq!(replayed.external_net("alice", "USDT"), d("8.5"));
+        assert_eq!(replayed.balance("alice", "USDT"), d("6"));
+    }
+
+    #[test]
+    fn a_record_written_before_external_existed_reads_as_a_transfer_leg() {
+        let old = r#"{"seq":1,"req_id":"t1","op":"CREDIT","user_id":"alice","asset":"USDT","amount":"5","compensation":false,"code":null,"balance":"5"}"#;
+        let r: Record = serde_json::from_str(old).expect("an old record decodes");
+        assert!(!r.external);
+        let mut l = Ledger::default();
+        l.apply(r).expect("apply");
+        assert_eq!(l.balance("alice", "USDT"), d("5"));
+        assert_eq!(l.external_net("alice", "USDT"), Decimal::ZERO);
     }
 
     #[test]
@@ -509,9 +750,23 @@ mod tests {
         let mut e = c.clone();
         e.req_id = " ".into();
         assert_eq!(check_shape(&e, Some(b"alice")), Err(Malformed::ReqId));
-        let mut u = c;
+        let mut u = c.clone();
         u.user_id = String::new();
         assert_eq!(check_shape(&u, Some(b"")), Err(Malformed::UserId));
+        assert_eq!(
+            check_shape(&external("x", SpotOp::Debit, "USDT", "1"), Some(b"alice")),
+            Ok(())
+        );
+        for op in [SpotOp::Balance, SpotOp::Freeze, SpotOp::Unfreeze] {
+            let bad = external("x", op, "USDT", "");
+            assert_eq!(check_shape(&bad, Some(b"alice")), Err(Malformed::External));
+        }
+        let mut refund = external("x", SpotOp::Credit, "USDT", "1");
+        refund.compensation = true;
+        assert_eq!(
+            check_shape(&refund, Some(b"alice")),
+            Err(Malformed::External)
+        );
     }
 
     #[test]

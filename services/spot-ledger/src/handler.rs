@@ -138,8 +138,9 @@ impl Handler {
                 ..base(&cmd, txflow_core::events::SpotOutcome::Rejected)
             },
             Decision::Query(result) => match result {
-                Ok(balance) => SpotReply {
-                    balance: Some(balance.to_string()),
+                Ok(holding) => SpotReply {
+                    balance: Some(holding.balance.to_string()),
+                    external_net: Some(holding.external_net.to_string()),
                     ..base(&cmd, txflow_core::events::SpotOutcome::Applied)
                 },
                 Err(code) => SpotReply {
@@ -259,6 +260,7 @@ fn base(cmd: &SpotCommand, outcome: txflow_core::events::SpotOutcome) -> SpotRep
         balance: None,
         wal_seq: None,
         replied_at_ms: now_ms(),
+        external_net: None,
     }
 }
 

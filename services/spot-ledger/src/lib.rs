@@ -4,6 +4,11 @@
 //! by `(req_id, op)`. Commands on `{prefix}.spot.commands`, replies on `{prefix}.spot.events`,
 //! both keyed by user id (ARCHITECTURE.md, "Spot ledger").
 //!
+//! A CREDIT or DEBIT marked `external` is an outside movement (money entering or leaving the
+//! trading core from outside the two ledgers), not a transfer leg: the ledger keeps its net per
+//! (user, asset), rebuilt from the log, and a BALANCE reply carries it (`external_net`) for the
+//! transfer conservation check (seed 004 §7.2).
+//!
 //! Single writer: it is an in-memory core, so one process per ledger. A second process on the
 //! same log directory refuses to start (an exclusive lock); a second process on another directory
 //! would be another ledger and diverge — do not run two.

@@ -298,6 +298,7 @@ mod tests {
             asset: "USDT".into(),
             amount: amount.into(),
             compensation: false,
+            external: seq.is_multiple_of(5),
             code: seq
                 .is_multiple_of(3)
                 .then(|| "INSUFFICIENT_BALANCE".to_string()),

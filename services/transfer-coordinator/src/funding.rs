@@ -19,6 +19,13 @@
 //! is not there yet may be retried), and it ignores the asset's status and the account's
 //! FROZEN/DISABLED status: compensation must be able to return the money.
 //!
+//! An outside movement ([`FundingAdapter::external_movement`]) is money entering or leaving the
+//! FUNDING ledger from outside the two ledgers (an on-chain deposit, a payout, an operator's
+//! correction), not a transfer leg: recorded in `funding_external_movements` with its balance
+//! change in one transaction, idempotent by `movement_id`. Their sum per (user, asset)
+//! ([`FundingAdapter::external_sum`]) is the FUNDING share of what the conservation check
+//! (seed 004 §7.2) expects the user to hold.
+//!
 //! Errors ([`FundingError`]) never mean "refused": the operation may or may not have committed
 //! (a commit whose answer was lost), so the coordinator treats them as an unknown outcome and
 //! retries the same key.
@@ -182,6 +189,131 @@ fn check<'a>(call: &FundingCall<'a>) -> Result<Checked<'a>, Rejected> {
     })
 }
 
+/// The longest reason of an outside movement, in characters (the table's check).
+const MAX_REASON: usize = 256;
+
+/// An outside movement the stateless checks accepted: its magnitude in `checked.amount`.
+struct Movement<'a> {
+    checked: Checked<'a>,
+    negative: bool,
+    reason: &'a str,
+}
+
+fn check_movement<'a>(
+    movement_id: &'a str,
+    user_id: &'a str,
+    asset: &'a str,
+    amount: &'a str,
+    reason: &'a str,
+) -> Result<Movement<'a>, Rejected> {
+    let (negative, magnitude) = match amount.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, amount),
+    };
+    let reason_ok = !reason.trim().is_empty()
+        && reason.chars().count() <= MAX_REASON
+        && !reason.chars().any(char::is_control);
+    let checked = Checked {
+        req_id: check_id("movement id", movement_id)?,
+        user_id: check_id("user id", user_id)?,
+        asset: check_asset_code(asset)?,
+        amount: parse_amount(magnitude)?,
+    };
+    if !reason_ok {
+        return Err(Rejected::new(
+            TransferCode::InvalidRequest,
+            format!("the reason is not 1 to {MAX_REASON} printable characters"),
+        ));
+    }
+    Ok(Movement {
+        checked,
+        negative,
+        reason,
+    })
+}
+
+/// The asset's rule from `assets`, or INVALID_ASSET when it is not listed.
+async fn read_asset(tx: &mut Tx, asset: &str) -> Result<Result<AssetRule, Rejected>, FundingError> {
+    let row: Option<(i16, String, String, String, bool)> = sqlx::query_as(
+        "SELECT places, min_amount::text, max_amount::text, status, internal_transfer_enabled \
+         FROM assets WHERE asset = $1",
+    )
+    .bind(asset)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db("read asset"))?;
+    let Some((places, min, max, status, enabled)) = row else {
+        return Ok(Err(Rejected::new(
+            TransferCode::InvalidAsset,
+            "unknown asset",
+        )));
+    };
+    Ok(Ok(asset_rule(asset, places, &min, &max, &status, enabled)?))
+}
+
+/// An outside movement's asset: listed, and the amount within its places.
+async fn movement_places(tx: &mut Tx, c: &Checked<'_>) -> Result<Option<Rejected>, FundingError> {
+    let rule = match read_asset(tx, c.asset).await? {
+        Ok(rule) => rule,
+        Err(unknown) => return Ok(Some(unknown)),
+    };
+    Ok((c.amount.places() > rule.places).then(|| {
+        Rejected::new(
+            TransferCode::PrecisionOverflow,
+            format!("{} allows {} decimal places", rule.asset, rule.places),
+        )
+    }))
+}
+
+/// Records an outside movement under its id, or answers from the earlier record of that id.
+async fn record_movement(
+    tx: &mut Tx,
+    m: &Movement<'_>,
+    signed: &str,
+) -> Result<Claim, FundingError> {
+    let c = &m.checked;
+    let inserted = sqlx::query(
+        "INSERT INTO funding_external_movements (movement_id, user_id, asset, amount, reason) \
+         VALUES ($1, $2, $3, $4::numeric, $5) ON CONFLICT (movement_id) DO NOTHING",
+    )
+    .bind(c.req_id)
+    .bind(c.user_id)
+    .bind(c.asset)
+    .bind(signed)
+    .bind(m.reason)
+    .execute(&mut **tx)
+    .await
+    .map_err(db("record external movement"))?
+    .rows_affected();
+    if inserted == 1 {
+        return Ok(Claim::Claimed);
+    }
+    let same: Option<(bool,)> = sqlx::query_as(
+        "SELECT (user_id = $2 AND asset = $3 AND amount = $4::numeric AND reason = $5) \
+         FROM funding_external_movements WHERE movement_id = $1",
+    )
+    .bind(c.req_id)
+    .bind(c.user_id)
+    .bind(c.asset)
+    .bind(signed)
+    .bind(m.reason)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db("read external movement"))?;
+    match same {
+        Some((true,)) => Ok(Claim::Decided(FundingOutcome::AlreadyApplied)),
+        Some((false,)) => Ok(Claim::Decided(FundingOutcome::Rejected(Rejected::new(
+            TransferCode::DuplicateRequest,
+            "this movement id was applied with other parameters",
+        )))),
+        // Committed before ON CONFLICT gave up, and never deleted.
+        None => Err(FundingError::Corrupt {
+            what: "funding_external_movements",
+            detail: format!("{} vanished", bounded(c.req_id)),
+        }),
+    }
+}
+
 /// How the key of a call stands.
 enum Claim {
     /// This call owns the key: decide and record.
@@ -215,6 +347,105 @@ impl FundingAdapter {
     /// `REFUND_AMOUNT_MISMATCH` for another amount; neither is recorded.
     pub async fn refund(&self, call: &FundingCall<'_>) -> Result<FundingOutcome, FundingError> {
         self.apply(FundingOp::Refund, call).await
+    }
+
+    /// Applies an outside movement: `amount` is a signed exact decimal (`"100"`, `"-2.5"`),
+    /// positive for money coming in. In one transaction it records the movement under
+    /// `movement_id` and moves the balance: a positive movement creates the account if it is
+    /// missing (ACTIVE, zero); a negative one needs `available >= -amount`. Neither the asset's
+    /// transfer rules (limits, status, internal transfers) nor the account's status apply — they
+    /// govern transfers; the caller of a movement owns its policy.
+    ///
+    /// A repeat of `movement_id` with the same parameters is `AlreadyApplied` and changes
+    /// nothing; with others, `DUPLICATE_REQUEST`. Refusals — `INVALID_REQUEST` (ids, reason of 1
+    /// to 256 characters), `INVALID_AMOUNT` (zero, malformed), `INVALID_ASSET`,
+    /// `PRECISION_OVERFLOW` (more places than the asset), `INSUFFICIENT_BALANCE`, `OVERFLOW` —
+    /// are recorded nowhere: the same `movement_id` may be applied later.
+    pub async fn external_movement(
+        &self,
+        movement_id: &str,
+        user_id: &str,
+        asset: &str,
+        amount: &str,
+        reason: &str,
+    ) -> Result<FundingOutcome, FundingError> {
+        let m = match check_movement(movement_id, user_id, asset, amount, reason) {
+            Ok(m) => m,
+            Err(r) => return Ok(FundingOutcome::Rejected(r)),
+        };
+        let magnitude = m.checked.amount.to_string();
+        let signed = if m.negative {
+            format!("-{magnitude}")
+        } else {
+            magnitude.clone()
+        };
+        let mut tx = self.pool.begin().await.map_err(db("begin"))?;
+        sqlx::query(LOCK_TIMEOUT)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("set lock timeout"))?;
+        let refusal = match movement_places(&mut tx, &m.checked).await? {
+            Some(r) => Some(r),
+            None => match record_movement(&mut tx, &m, &signed).await? {
+                Claim::Decided(outcome) => {
+                    tx.rollback().await.map_err(db("rollback"))?;
+                    return Ok(outcome);
+                }
+                Claim::Claimed if m.negative => {
+                    let found = lock_balance(&mut tx, &m.checked).await?.is_some();
+                    (!found || !subtract(&mut tx, &m.checked, &magnitude).await?).then(|| {
+                        Rejected::new(
+                            TransferCode::InsufficientBalance,
+                            "the available balance is below the outgoing movement",
+                        )
+                    })
+                }
+                Claim::Claimed => {
+                    sqlx::query(
+                        "INSERT INTO funding_balances (user_id, asset) VALUES ($1, $2) \
+                         ON CONFLICT (user_id, asset) DO NOTHING",
+                    )
+                    .bind(m.checked.user_id)
+                    .bind(m.checked.asset)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("create balance"))?;
+                    if lock_balance(&mut tx, &m.checked).await?.is_none() {
+                        return Err(FundingError::Corrupt {
+                            what: "funding_balances",
+                            detail: format!("{} {} vanished", bounded(user_id), bounded(asset)),
+                        });
+                    }
+                    (!add(&mut tx, &m.checked, &magnitude).await?).then(overflow)
+                }
+            },
+        };
+        match refusal {
+            None => {
+                tx.commit().await.map_err(db("commit"))?;
+                Ok(FundingOutcome::Applied)
+            }
+            Some(r) => {
+                // Recorded nowhere: the movement's row goes with the rollback.
+                tx.rollback().await.map_err(db("rollback"))?;
+                Ok(FundingOutcome::Rejected(r))
+            }
+        }
+    }
+
+    /// The sum of the outside movements of a user in an asset (zero when there is none): what
+    /// came into the FUNDING ledger from outside, less what left to the outside.
+    pub async fn external_sum(&self, user_id: &str, asset: &str) -> Result<Decimal, FundingError> {
+        let (sum,): (String,) = sqlx::query_as(
+            "SELECT COALESCE(SUM(amount), 0)::text FROM funding_external_movements \
+             WHERE user_id = $1 AND asset = $2",
+        )
+        .bind(user_id)
+        .bind(asset)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db("sum external movements"))?;
+        stored_decimal("funding_external_movements.amount", &sum)
     }
 
     /// The FUNDING balance of a user in an asset, if the account exists.
@@ -377,21 +608,10 @@ async fn claim(
 
 /// The asset's rule, checked for status and for the amount (§1.5.3, §1.5.4).
 async fn asset_checks(tx: &mut Tx, c: &Checked<'_>) -> Result<Option<Rejected>, FundingError> {
-    let row: Option<(i16, String, String, String, bool)> = sqlx::query_as(
-        "SELECT places, min_amount::text, max_amount::text, status, internal_transfer_enabled \
-         FROM assets WHERE asset = $1",
-    )
-    .bind(c.asset)
-    .fetch_optional(&mut **tx)
-    .await
-    .map_err(db("read asset"))?;
-    let Some((places, min, max, status, enabled)) = row else {
-        return Ok(Some(Rejected::new(
-            TransferCode::InvalidAsset,
-            "unknown asset",
-        )));
+    let rule = match read_asset(tx, c.asset).await? {
+        Ok(rule) => rule,
+        Err(unknown) => return Ok(Some(unknown)),
     };
-    let rule = asset_rule(c.asset, places, &min, &max, &status, enabled)?;
     if let Err(r) = check_asset(&rule) {
         return Ok(Some(r));
     }
@@ -471,6 +691,16 @@ async fn debit(
         }
         Some(AccountStatus::Active) => {}
     }
+    Ok((!subtract(tx, c, amount).await?).then(|| {
+        Rejected::new(
+            TransferCode::InsufficientBalance,
+            "the available balance is below the amount",
+        )
+    }))
+}
+
+/// Takes `amount` from a locked, existing balance; `false` when the balance is below it.
+async fn subtract(tx: &mut Tx, c: &Checked<'_>, amount: &str) -> Result<bool, FundingError> {
     let debited = sqlx::query(
         "UPDATE funding_balances SET available = available - $3::numeric, updated_at = now() \
          WHERE user_id = $1 AND asset = $2 AND available >= $3::numeric",
@@ -482,12 +712,7 @@ async fn debit(
     .await
     .map_err(db("debit balance"))?
     .rows_affected();
-    Ok((debited == 0).then(|| {
-        Rejected::new(
-            TransferCode::InsufficientBalance,
-            "the available balance is below the amount",
-        )
-    }))
+    Ok(debited == 1)
 }
 
 /// Adds `amount` to a locked, existing balance; `false` when the balance would overflow.
@@ -688,5 +913,44 @@ mod tests {
         ] {
             assert_eq!(check(&bad).err().map(|r| r.code), Some(code), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn outside_movements_are_signed_and_checked_before_any_io() {
+        let ok =
+            |amount| check_movement("m-1", "u-1", "USDT", amount, "deposit").map(|m| m.negative);
+        assert_eq!(ok("100").ok(), Some(false));
+        assert_eq!(ok("-2.50").ok(), Some(true));
+        let code = |id: &str, amount: &str, reason: &str| {
+            check_movement(id, "u-1", "USDT", amount, reason)
+                .err()
+                .map(|r| r.code)
+        };
+        let long_reason = "r".repeat(MAX_REASON + 1);
+        for (id, amount, reason, want) in [
+            ("m-1", "0", "x", TransferCode::InvalidAmount),
+            ("m-1", "-0", "x", TransferCode::InvalidAmount),
+            ("m-1", "--1", "x", TransferCode::InvalidAmount),
+            ("m-1", "+1", "x", TransferCode::InvalidAmount),
+            ("m-1", "-1e3", "x", TransferCode::InvalidAmount),
+            ("m-1", "", "x", TransferCode::InvalidAmount),
+            ("m 1", "1", "x", TransferCode::InvalidRequest),
+            ("m-1", "1", "", TransferCode::InvalidRequest),
+            ("m-1", "1", "  ", TransferCode::InvalidRequest),
+            ("m-1", "1", "a\nb", TransferCode::InvalidRequest),
+            (
+                "m-1",
+                "1",
+                long_reason.as_str(),
+                TransferCode::InvalidRequest,
+            ),
+        ] {
+            assert_eq!(
+                code(id, amount, reason),
+                Some(want),
+                "{id:?} {amount:?} {reason:?}"
+            );
+        }
+        assert_eq!(code("m-1", "1", &"r".repeat(MAX_REASON)), None);
     }
 }

@@ -16,6 +16,11 @@
 //!   `check_id`, `parse_amount`, and for a transfer — not a compensation — the asset's rule and
 //!   `check_amount`); a refusal there produces nothing and is an explicit failure.
 //!
+//! Outside movements ([`SpotAdapter::external`]): a CREDIT or DEBIT with `external` set, money
+//! entering or leaving the trading core from outside the two ledgers (not a transfer leg); the
+//! ledger keeps their net per (user, asset), which [`SpotAdapter::read_balance`] returns with the
+//! balance, for the transfer conservation check (seed 004 §7.2).
+//!
 //! What a call answers ([`AdapterResponse`]): APPLIED and ALREADY_APPLIED → SUCCESS; REJECTED
 //! with a code of §1.5 → EXPLICIT_FAIL(code); no reply in time → TIMEOUT (never a failure: the
 //! command may be in the log and be applied later); the produce failed, or the registry did not
@@ -32,6 +37,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
+use rust_decimal::Decimal;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use txflow_core::codec::{CodecError, RegistryCodec, Subjects};
@@ -128,12 +134,67 @@ impl SpotAnswer {
     }
 }
 
+/// What the spot ledger holds for (user, asset): its balance and the net of its outside
+/// movements (external CREDITs − external DEBITs; may be negative).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpotBalance {
+    pub balance: Decimal,
+    pub external_net: Decimal,
+}
+
+impl SpotBalance {
+    /// Reads a BALANCE reply's two figures.
+    pub fn from_reply(reply: &SpotReply) -> Result<SpotBalance, SpotReadError> {
+        let field = |what: &'static str, value: &Option<String>| {
+            value
+                .as_deref()
+                .and_then(|v| Decimal::from_str_exact(v).ok())
+                .ok_or_else(|| SpotReadError::Unreadable {
+                    what,
+                    value: value.as_deref().map(|v| v.chars().take(64).collect()),
+                })
+        };
+        Ok(SpotBalance {
+            balance: field("balance", &reply.balance)?,
+            external_net: field("external_net", &reply.external_net)?,
+        })
+    }
+}
+
+/// Why [`SpotAdapter::read_balance`] has no balance.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpotReadError {
+    /// The ledger (or the adapter's own checks) refused the read, e.g. `INVALID_ASSET`.
+    #[error("spot ledger refused the balance read: {0}")]
+    Refused(TransferCode),
+    /// No answer (timeout, the broker or the registry unreachable, or an answer that does not fit
+    /// the request).
+    #[error("spot ledger did not answer the balance read ({0:?})")]
+    NoAnswer(AdapterResponse),
+    /// A reply without a readable figure (e.g. a ledger older than `external_net`).
+    #[error("spot ledger's balance reply has no readable {what}: {value:?}")]
+    Unreadable {
+        what: &'static str,
+        value: Option<String>,
+    },
+}
+
+impl Classify for SpotReadError {
+    fn retry(&self) -> Retry {
+        match self {
+            SpotReadError::NoAnswer(_) => Retry::Transient,
+            SpotReadError::Refused(_) | SpotReadError::Unreadable { .. } => Retry::Permanent,
+        }
+    }
+}
+
 type Key = (String, SpotOp);
 type Waiters = HashMap<Key, Vec<oneshot::Sender<SpotReply>>>;
 
 struct Inner {
     config: SpotAdapterConfig,
-    assets: AssetTable,
+    /// The asset rules the calls are re-validated against ([`SpotAdapter::set_assets`]).
+    assets: std::sync::RwLock<AssetTable>,
     codec: RegistryCodec,
     producer: FutureProducer,
     waiters: Mutex<Waiters>,
@@ -150,6 +211,17 @@ impl Inner {
 pub struct SpotAdapter {
     inner: Arc<Inner>,
     reader: tokio::task::JoinHandle<()>,
+}
+
+impl SpotAdapter {
+    /// Stops the reply reader and waits until its consumer is dropped. Call it before the
+    /// process ends: a librdkafka consumer still being torn down on a runtime thread while the
+    /// process exits can crash it (`txflow demo` ended with SIGSEGV about one run in four when the
+    /// adapter was only dropped).
+    pub async fn close(mut self) {
+        self.reader.abort();
+        let _ = (&mut self.reader).await;
+    }
 }
 
 impl Drop for SpotAdapter {
@@ -207,12 +279,35 @@ impl SpotAdapter {
         let inner = Arc::new(Inner {
             codec: RegistryCodec::new(&config.registry_url),
             config,
-            assets,
+            assets: std::sync::RwLock::new(assets),
             producer,
             waiters: Mutex::new(HashMap::new()),
         });
         let reader = tokio::spawn(read_replies(consumer, inner.clone()));
         Ok(SpotAdapter { inner, reader })
+    }
+
+    /// The asset rules in force (a copy).
+    fn assets(&self) -> AssetTable {
+        self.inner
+            .assets
+            .read()
+            .map(|a| a.clone())
+            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    }
+
+    /// True when the rules in force list `asset`.
+    pub fn knows(&self, asset: &str) -> bool {
+        self.assets().rule(asset).is_ok()
+    }
+
+    /// Replaces the asset rules the calls are checked against (the coordinator re-reads the
+    /// `assets` table periodically, so that an asset added or changed needs no restart).
+    pub fn set_assets(&self, assets: AssetTable) {
+        match self.inner.assets.write() {
+            Ok(mut a) => *a = assets,
+            Err(poisoned) => *poisoned.into_inner() = assets,
+        }
     }
 
     /// The configured call timeout.
@@ -244,6 +339,47 @@ impl SpotAdapter {
             .await
     }
 
+    /// BALANCE under a fresh request id, read: the balance of (user, asset) and the net of its
+    /// outside movements. An asset the ledger does not list is `Refused(INVALID_ASSET)`; an
+    /// account never credited holds zero.
+    pub async fn read_balance(
+        &self,
+        user_id: &str,
+        asset: &str,
+    ) -> Result<SpotBalance, SpotReadError> {
+        let req_id = format!("balance-{}", uuid::Uuid::new_v4().simple());
+        let answer = self.balance(&req_id, user_id, asset).await;
+        match (answer.response, &answer.reply) {
+            (AdapterResponse::Success, Some(reply)) => SpotBalance::from_reply(reply),
+            (AdapterResponse::ExplicitFail(code), _) => Err(SpotReadError::Refused(code)),
+            (response, _) => Err(SpotReadError::NoAnswer(response)),
+        }
+    }
+
+    /// An outside movement: `op` CREDIT (money deposited into the trading core from outside the
+    /// two ledgers) or DEBIT (withdrawn from it to the outside), not a transfer leg; the ledger
+    /// counts it in the account's `external_net`. `req_id` is the movement's own id (idempotency
+    /// by `(req_id, op)`, like every call; use ids that no transfer uses). Checked before
+    /// producing: the ids, the amount's shape, a listed asset and its places — not the asset's
+    /// transfer limits or status, which govern transfers. Any other `op` is
+    /// `EXPLICIT_FAIL(INVALID_REQUEST)`. The ledger refuses it like a transfer leg
+    /// (`INSUFFICIENT_BALANCE`, `ACCOUNT_FROZEN`, …).
+    pub async fn external(&self, call: &SpotCall<'_>, op: SpotOp) -> SpotAnswer {
+        match validate_external(&self.assets(), call, op) {
+            Ok(amount) => {
+                let cmd = SpotCommand {
+                    external: true,
+                    ..command(call.req_id, op, call.user_id, call.asset, &amount, false)
+                };
+                self.request(cmd).await
+            }
+            Err(r) => {
+                tracing::debug!(req_id = call.req_id, code = %r.code, "spot adapter: outside movement refused before producing");
+                SpotAnswer::without_reply(AdapterResponse::ExplicitFail(r.code))
+            }
+        }
+    }
+
     /// FREEZE / UNFREEZE (the admin path: a frozen account refuses transfers into it).
     pub async fn set_frozen(&self, req_id: &str, user_id: &str, frozen: bool) -> SpotAnswer {
         if let Err(r) = check_id("request id", req_id).and_then(|_| check_id("user id", user_id)) {
@@ -259,7 +395,7 @@ impl SpotAdapter {
     }
 
     async fn transfer(&self, call: &SpotCall<'_>, op: SpotOp, compensation: bool) -> SpotAnswer {
-        match validate(&self.inner.assets, call, compensation) {
+        match validate(&self.assets(), call, compensation) {
             Ok(amount) => {
                 self.request(command(
                     call.req_id,
@@ -413,6 +549,31 @@ fn validate(
     Ok(amount.to_string())
 }
 
+/// The re-validation of an outside movement; the amount to send, normalised.
+fn validate_external(
+    assets: &AssetTable,
+    call: &SpotCall<'_>,
+    op: SpotOp,
+) -> Result<String, Rejected> {
+    if !matches!(op, SpotOp::Credit | SpotOp::Debit) {
+        return Err(Rejected::new(
+            TransferCode::InvalidRequest,
+            "an outside movement is a CREDIT or a DEBIT",
+        ));
+    }
+    check_id("request id", call.req_id)?;
+    check_id("user id", call.user_id)?;
+    let amount = parse_amount(call.amount)?;
+    let rule = assets.rule(call.asset)?;
+    if amount.places() > rule.places {
+        return Err(Rejected::new(
+            TransferCode::PrecisionOverflow,
+            format!("{} allows {} decimal places", rule.asset, rule.places),
+        ));
+    }
+    Ok(amount.to_string())
+}
+
 fn command(
     req_id: &str,
     op: SpotOp,
@@ -429,6 +590,7 @@ fn command(
         amount: amount.to_string(),
         op,
         compensation,
+        external: false,
     }
 }
 
@@ -459,7 +621,6 @@ pub fn reply_response(cmd: &SpotCommand, reply: &SpotReply) -> AdapterResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rust_decimal::Decimal;
     use txflow_core::transfer::{AssetRule, AssetStatus};
 
     fn assets() -> AssetTable {
@@ -486,6 +647,7 @@ mod tests {
             balance: None,
             wal_seq: None,
             replied_at_ms: 0,
+            external_net: None,
         }
     }
 
@@ -523,6 +685,72 @@ mod tests {
         let mut other = reply(SpotOutcome::Applied, None);
         other.user_id = "u2".into();
         assert_eq!(reply_response(&cmd, &other), R::Unknown);
+    }
+
+    #[test]
+    fn outside_movements_are_revalidated_without_the_transfer_limits() {
+        let a = assets();
+        let call = |amount, asset| SpotCall {
+            req_id: "dep-1",
+            user_id: "u1",
+            asset,
+            amount,
+        };
+        // Above the asset's transfer maximum: an outside movement is not a transfer.
+        assert_eq!(
+            validate_external(&a, &call("2000000.50", "USDT"), SpotOp::Credit),
+            Ok("2000000.5".into())
+        );
+        for (amount, asset, op, code) in [
+            ("-1", "USDT", SpotOp::Credit, TransferCode::InvalidAmount),
+            ("0", "USDT", SpotOp::Debit, TransferCode::InvalidAmount),
+            ("1e3", "USDT", SpotOp::Credit, TransferCode::InvalidAmount),
+            (
+                "0.0000000001",
+                "USDT",
+                SpotOp::Credit,
+                TransferCode::PrecisionOverflow,
+            ),
+            ("1", "DOGE", SpotOp::Credit, TransferCode::InvalidAsset),
+            ("1", "USDT", SpotOp::Balance, TransferCode::InvalidRequest),
+            ("1", "USDT", SpotOp::Freeze, TransferCode::InvalidRequest),
+        ] {
+            let got = validate_external(&a, &call(amount, asset), op).map_err(|r| r.code);
+            assert_eq!(got, Err(code), "{amount} {asset} {op:?}");
+        }
+    }
+
+    #[test]
+    fn a_balance_reply_is_read_exactly_and_needs_both_figures() {
+        let mut r = reply(SpotOutcome::Applied, None);
+        r.op = SpotOp::Balance;
+        r.balance = Some("12.5".into());
+        r.external_net = Some("-3.000000000000000001".into());
+        assert_eq!(
+            SpotBalance::from_reply(&r),
+            Ok(SpotBalance {
+                balance: Decimal::new(125, 1),
+                external_net: Decimal::from_str_exact("-3.000000000000000001").expect("decimal"),
+            })
+        );
+        let mut old = r.clone();
+        old.external_net = None;
+        assert!(matches!(
+            SpotBalance::from_reply(&old),
+            Err(SpotReadError::Unreadable {
+                what: "external_net",
+                ..
+            })
+        ));
+        let mut bad = r;
+        bad.balance = Some("1e3".into());
+        assert!(matches!(
+            SpotBalance::from_reply(&bad),
+            Err(SpotReadError::Unreadable {
+                what: "balance",
+                ..
+            })
+        ));
     }
 
     #[test]

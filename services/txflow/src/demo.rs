@@ -1,6 +1,11 @@
 //! `txflow demo`: the pipeline end to end on the local infrastructure. A few hundred requests from
 //! several signers; one above the approval threshold (approved by the demo once the rest is
 //! mined), one that reverts in simulation. Ends with a table of outcomes per signer.
+//!
+//! Then internal transfers ([`crate::demo_transfers`]): the spot ledger, the transfer coordinator
+//! and the gateway as child processes, three users' transfers over the HTTP API — two COMMITTED,
+//! one into a frozen spot account ROLLED_BACK, one that waits in TARGET_PENDING while the spot
+//! ledger is killed and commits once it is back — and a table of them with the balances.
 
 use std::time::{Duration, Instant};
 
@@ -199,14 +204,21 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
         "\nmined transactions per request marker: {} markers, {duplicates} duplicates",
         markers.len()
     );
-    println!(
-        "\nwhere to look next:\n  psql {} -c \"SELECT state, count(*) FROM managed_tx GROUP BY state\"\n  topics {}.tx.* and {}.dlq on {}\n  txflow bench --signers 50 --txs 40   (throughput and latency)",
-        txflow_core::config::redact_database_url(&config.database_url),
-        config.topics.prefix,
-        config.topics.prefix,
-        config.kafka.brokers
-    );
     p.stop().await?;
-    delete_topics(&config.kafka, &config.topics.all()).await?;
-    Ok(())
+    let transfers = crate::demo_transfers::run(&config, &run).await;
+    if transfers.is_ok() {
+        println!(
+            "\nwhere to look next:\n  psql {} -c \"SELECT state, count(*) FROM managed_tx GROUP BY state\"\n  topics {}.tx.* and {}.dlq on {}\n  txflow bench --signers 50 --txs 40   (throughput and latency)",
+            txflow_core::config::redact_database_url(&config.database_url),
+            config.topics.prefix,
+            config.topics.prefix,
+            config.kafka.brokers
+        );
+    }
+    let mut topics = config.topics.all();
+    topics.extend(config.topics.transfers());
+    topics.sort();
+    topics.dedup();
+    delete_topics(&config.kafka, &topics).await?;
+    transfers
 }

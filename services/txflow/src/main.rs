@@ -8,6 +8,7 @@ mod bench_alloc;
 mod bench_cpu;
 mod bench_stage;
 mod demo;
+mod demo_transfers;
 mod local;
 mod replay;
 mod roles;
@@ -213,9 +214,6 @@ fn config(global: &Global) -> anyhow::Result<Config> {
 
 /// One role in this process: its clients built once, stopped by SIGINT or SIGTERM.
 async fn run_role(role: Role, config: &Config) -> anyhow::Result<()> {
-    if !Role::PIPELINE.contains(&role) {
-        return roles::run_unbuilt(role, config).await;
-    }
     let deps = roles::deps(config, roles::stages_of(role)).await?;
     let shutdown = roles::shutdown_root()?;
     roles::observe(&deps, &[role], &format!("txflow-{role}"), &shutdown).await?;

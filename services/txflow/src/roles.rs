@@ -121,31 +121,16 @@ pub async fn run_role(role: Role, deps: &Deps, shutdown: CancellationToken) -> a
         Role::Broadcaster => txflow_broadcaster::run_until(deps, shutdown).await?,
         Role::ReceiptChecker => txflow_receipt_checker::run_until(deps, shutdown).await?,
         Role::ConfirmationManager => txflow_confirmation_manager::run_until(deps, shutdown).await?,
-        other => run_unbuilt(other, &deps.config).await?,
-    }
-    Ok(())
-}
-
-/// The roles whose issue has not landed: they say so (needing no connection).
-pub async fn run_unbuilt(role: Role, config: &Config) -> anyhow::Result<()> {
-    match role {
-        Role::TransferCoordinator => txflow_transfer_coordinator::run(config).await?,
-        // Built, but one process per ledger (its write-ahead log is locked): it runs as
-        // `txflow spot-ledger`, never inside another command.
+        Role::TransferCoordinator => txflow_transfer_coordinator::run_until(deps, shutdown).await?,
+        // In `txflow up` only (one process per ledger otherwise: `txflow spot-ledger`).
         Role::SpotLedger => {
-            anyhow::bail!("not started here: run `txflow spot-ledger` (one process per ledger)")
+            let spot = txflow_spot_ledger::config::SpotConfig::from_config(&deps.config);
+            txflow_spot_ledger::run_until(spot, shutdown).await?
         }
-        // Built (issue 18, in progress): an HTTP server with its own signal handling and JWT key,
-        // run as `txflow gateway`; `txflow up` does not start it yet.
+        // In `txflow up` only, when its JWT key is configured (`txflow gateway` otherwise).
         Role::Gateway => {
-            anyhow::bail!("not started here: run `txflow gateway`")
-        }
-        Role::Allocator
-        | Role::SignerGateway
-        | Role::Broadcaster
-        | Role::ReceiptChecker
-        | Role::ConfirmationManager => {
-            anyhow::bail!("{role} needs its clients: run it with run_role")
+            let gateway = txflow_gateway::config::GatewayConfig::from_config(&deps.config)?;
+            txflow_gateway::serve(gateway, shutdown).await?
         }
     }
     Ok(())

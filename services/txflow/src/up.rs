@@ -27,7 +27,10 @@ pub async fn run(config: &Config, args: UpArgs) -> anyhow::Result<()> {
         txflow_core::config::redact_database_url(&config.database_url)
     );
 
-    let topics = config.topics.all();
+    let mut topics = config.topics.all();
+    topics.extend(config.topics.transfers());
+    topics.sort();
+    topics.dedup();
     txflow_core::kafka::ensure_topics(&config.kafka, &topics, config.partitions).await?;
     println!(
         "kafka         {}  ({} topics, {} partitions each)",
@@ -60,11 +63,7 @@ pub async fn run(config: &Config, args: UpArgs) -> anyhow::Result<()> {
         // Setup only: joining a stage's group here and leaving at once would leave a departed
         // leader behind on the local broker (see the module documentation).
         for role in Role::ALL {
-            if Role::PIPELINE.contains(&role) {
-                println!("  {role:<22} ready, not started (run `txflow {role}`)");
-            } else if let Err(e) = crate::roles::run_unbuilt(role, config).await {
-                println!("  {role:<22} {e:#}");
-            }
+            println!("  {role:<22} ready, not started (run `txflow {role}`)");
         }
         return Ok(());
     }
@@ -73,6 +72,7 @@ pub async fn run(config: &Config, args: UpArgs) -> anyhow::Result<()> {
     // One set of clients for every role of this process.
     let stages: u32 = Role::PIPELINE
         .iter()
+        .chain([Role::TransferCoordinator].iter())
         .map(|r| crate::roles::stages_of(*r))
         .sum();
     let deps = crate::roles::deps(config, stages).await?;

@@ -2,6 +2,7 @@
 
 use std::process::Command;
 
+use txflow_core::transfer::TransferState;
 use txflow_tests::TestDb;
 
 fn txflow() -> Command {
@@ -33,20 +34,6 @@ fn help_lists_every_role_and_command() {
             "--help does not list {cmd}:\n{help}"
         );
     }
-}
-
-#[test]
-fn a_role_not_built_yet_says_so_and_fails() {
-    let out = txflow()
-        .arg("transfer-coordinator")
-        .output()
-        .expect("run txflow transfer-coordinator");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("transfer-coordinator role is not implemented yet"),
-        "{err}"
-    );
 }
 
 #[tokio::test]
@@ -187,7 +174,8 @@ async fn the_demo_runs_end_to_end_and_reports_every_signer() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{stdout}\n{}",
+        "txflow demo ended with {:?}:\n{stdout}\n{}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("0 duplicates"), "{stdout}");
@@ -212,6 +200,69 @@ async fn the_demo_runs_end_to_end_and_reports_every_signer() {
     .expect("count");
     assert_eq!(announced, 301);
     assert!(stdout.contains("confirmed ("), "{stdout}");
+    // Then the transfers, through the gateway to the coordinator and the spot ledger: alice's
+    // two commit, bob's into a frozen spot account is rolled back, carol's sent while the ledger
+    // was killed was retried and committed once it came back; the sums were kept.
+    // user, from, to, amount, state, error code, retries
+    type Transfer = (String, String, String, String, i16, Option<String>, i32);
+    let rows: Vec<Transfer> = sqlx::query_as(
+        "SELECT user_id, source_account, target_account, amount::text, state, error_code, \
+         retry_count FROM transfers ORDER BY created_at, transfer_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("read the transfers");
+    let of = |name: &str| {
+        rows.iter()
+            .filter(|r| r.0.starts_with("demo-") && r.0.ends_with(&format!("-{name}")))
+            .map(|r| {
+                (
+                    r.1.as_str(),
+                    r.2.as_str(),
+                    TransferState::from_id(r.4).expect("a known state"),
+                    r.5.as_deref(),
+                    r.6,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(rows.len(), 4, "{rows:?}\n{stdout}");
+    let alice = of("alice");
+    assert_eq!(alice.len(), 2, "{rows:?}");
+    assert_eq!(
+        (alice[0].0, alice[0].1, alice[0].2),
+        ("FUNDING", "SPOT", TransferState::Committed)
+    );
+    assert_eq!(
+        (alice[1].0, alice[1].1, alice[1].2),
+        ("SPOT", "FUNDING", TransferState::Committed)
+    );
+    let bob = of("bob");
+    assert_eq!(bob.len(), 1, "{rows:?}");
+    assert_eq!(
+        (bob[0].2, bob[0].3),
+        (TransferState::RolledBack, Some("ACCOUNT_FROZEN")),
+        "{rows:?}"
+    );
+    let carol = of("carol");
+    assert_eq!(carol.len(), 1, "{rows:?}");
+    assert_eq!(carol[0].2, TransferState::Committed, "{rows:?}");
+    assert!(
+        carol[0].4 >= 1,
+        "retried while the ledger was down: {rows:?}"
+    );
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM transfer_conservation_violations WHERE resolved_at IS NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count the open violations");
+    assert_eq!(open, 0, "{stdout}");
+    assert!(stdout.contains("ROLLED_BACK"), "{stdout}");
+    assert!(
+        stdout.contains("open conservation violations: 0"),
+        "{stdout}"
+    );
 }
 
 /// `txflow bench` against this test's database and `anvil`, with `env` on top; returns the exit

@@ -4,15 +4,30 @@
 //! its status and code, and nothing is written to `transfers`. A valid request is one INIT row
 //! that GET returns to its owner only; the same `cid` twice is one transfer; a user above the
 //! rate gets 429. Test names carry the seed's ids (§10.2 ATK-xxx).
+//!
+//! Each gateway has topics of its own (a unique prefix) on the shared broker: a new transfer's
+//! TransferRequested, a tx request's TxRequest and an approval's TxCommand are read back from them
+//! (Avro, through the registry); an open conservation violation halts transfers (503
+//! SERVICE_HALTED, nothing recorded); the tx reads answer from `managed_tx`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
+use txflow_core::codec::RegistryCodec;
+use txflow_core::events::{Event, TransferRequested, TxCommand, TxCommandKind, TxRequest};
+use txflow_core::kafka::{Topics, delete_topics, signer_key};
 use txflow_tests::{TestDb, free_port, spawn_child, unique, wait_for};
+
+/// The chain the test gateways serve, and the partitions of their topics.
+const CHAIN_ID: i64 = 31337;
+const PARTITIONS: i32 = 2;
 
 /// A directory of the test's own, removed on drop.
 struct Dir(PathBuf);
@@ -54,12 +69,82 @@ fn hs256(secret: &[u8], sub: &str, ttl: i64) -> String {
     .expect("encode a token")
 }
 
-/// A `txflow gateway` process on `db`, its log in a file shown when something fails.
+/// A token with these claims (an `exp` 5 minutes ahead is added).
+fn hs256_claims(secret: &[u8], mut claims: Value) -> String {
+    claims["exp"] = json!(now() + 300);
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret),
+    )
+    .expect("encode a token")
+}
+
+/// The first `n` messages on `topic`, read from the beginning of every partition by a consumer
+/// outside any group, within 60 s.
+async fn read_topic(topic: &str, n: usize) -> Vec<OwnedMessage> {
+    let consumer: StreamConsumer = txflow_tests::kafka_settings()
+        .assign_config()
+        .create()
+        .expect("a consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("a partition");
+    }
+    consumer.assign(&tpl).expect("assign");
+    txflow_tests::collect(&consumer, n, Duration::from_secs(60)).await
+}
+
+/// A message's Avro value, through the registry.
+async fn decode<E: Event>(m: &OwnedMessage) -> E {
+    RegistryCodec::new(txflow_tests::registry_url())
+        .decode::<E>(m.payload().unwrap_or_default())
+        .await
+        .unwrap_or_else(|e| panic!("not a {}: {e:?}", E::FULL_NAME))
+}
+
+fn header(m: &OwnedMessage, key: &str) -> Option<String> {
+    m.headers().and_then(|h| {
+        h.iter()
+            .find(|h| h.key == key)
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    })
+}
+
+fn key(m: &OwnedMessage) -> String {
+    String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned()
+}
+
+/// A `txflow gateway` process on `db` and topics of its own, its log in a file shown when
+/// something fails. Its topics are deleted on drop.
 struct Gateway {
     url: String,
     log: PathBuf,
     client: reqwest::Client,
+    topics: Topics,
     _child: Child,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let t = &self.topics;
+        let names = vec![t.transfer_requests(), t.tx_requests(), t.tx_commands()];
+        let settings = txflow_tests::kafka_settings();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), delete_topics(&settings, &names))
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+    }
 }
 
 impl Gateway {
@@ -67,12 +152,19 @@ impl Gateway {
         let addr = format!("127.0.0.1:{}", free_port());
         let log = std::env::temp_dir().join(format!("{}.log", unique("gateway")));
         let file = std::fs::File::create(&log).expect("log file");
+        let services = txflow_tests::services();
+        let topics = Topics::new(unique("gw"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_txflow"));
         cmd.arg("gateway")
             .env_remove("TXFLOW_CONFIG")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env("TXFLOW_DATABASE_URL", &db.url)
             .env("TXFLOW_GATEWAY_ADDR", &addr)
+            .env("TXFLOW_BROKERS", &services.brokers)
+            .env("TXFLOW_SCHEMA_REGISTRY_URL", &services.registry_url)
+            .env("TXFLOW_TOPIC_PREFIX", &topics.prefix)
+            .env("TXFLOW_PARTITIONS", PARTITIONS.to_string())
+            .env("TXFLOW_CHAIN_ID", CHAIN_ID.to_string())
             .env("TXFLOW_LOG", "info")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
@@ -86,6 +178,7 @@ impl Gateway {
                 .timeout(Duration::from_secs(20))
                 .build()
                 .expect("http client"),
+            topics,
             _child: child,
         };
         wait_for(
@@ -103,6 +196,20 @@ impl Gateway {
         )
         .await;
         g
+    }
+
+    /// Waits until `/readyz` answers 200: the database answers and the topics exist.
+    async fn ready(&self) {
+        wait_for("the gateway is ready", Duration::from_secs(60), || async {
+            let r = self
+                .client
+                .get(format!("{}/readyz", self.url))
+                .send()
+                .await
+                .ok()?;
+            (r.status() == 200).then_some(())
+        })
+        .await;
     }
 
     fn log_tail(&self) -> String {
@@ -141,6 +248,24 @@ impl Gateway {
             .bearer_auth(token)
             .header("content-type", content_type)
             .body(body);
+        self.answer(r).await
+    }
+
+    /// `method path` with `token` and, when given, a JSON body.
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let mut r = self.client.request(method, format!("{}{path}", self.url));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            r = r.json(b);
+        }
         self.answer(r).await
     }
 
@@ -595,6 +720,207 @@ async fn a_user_above_the_rate_limit_gets_429_and_others_do_not() {
     assert_eq!(status, 202, "another user's bucket: {answer}");
 }
 
+/// A gateway with a generous per-second rate (the daily limits are under test) and `env`.
+async fn generous_gateway(db: &TestDb, env: Vec<(&'static str, String)>) -> Gateway {
+    let mut all = vec![
+        ("TXFLOW_GATEWAY_RATE_PER_SEC", "1000".to_string()),
+        ("TXFLOW_GATEWAY_RATE_BURST", "1000".to_string()),
+    ];
+    all.extend(env);
+    Gateway::start(db, &all).await
+}
+
+async fn user_transfers(db: &TestDb, user: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM transfers WHERE user_id = $1")
+        .bind(user)
+        .fetch_one(&db.pool)
+        .await
+        .expect("count transfers")
+}
+
+/// The value of the series of `metric` whose labels include every one of `labels` (`k="v"`), in
+/// the gateway's `/metrics`; `None` when there is no such series.
+async fn metric(g: &Gateway, metric: &str, labels: &[&str]) -> Option<f64> {
+    let r = g
+        .client
+        .get(format!("{}/metrics", g.url))
+        .send()
+        .await
+        .expect("GET /metrics");
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.expect("the exposition");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daily_count_refuses_a_users_transfer_past_it_but_answers_cid_replays() {
+    let (db, dir) = (database().await, Dir::new());
+    let (key, env) = secret(&dir);
+    let g = generous_gateway(&db, vec![env, ("TXFLOW_GATEWAY_DAILY_COUNT", "3".into())]).await;
+    let (alice, bob) = (hs256(&key, "alice", 300), hs256(&key, "bob", 300));
+    // Registered at 0 before any refusal.
+    let daily = ["code=\"DAILY_LIMIT_EXCEEDED\""];
+    assert_eq!(
+        metric(&g, "gateway_rejections_total", &daily).await,
+        Some(0.0)
+    );
+    let mut first = transfer("1");
+    first["cid"] = json!("daily-1");
+    let (status, original) = g.post(Some(&alice), &first).await;
+    assert_eq!(status, 202, "{original}");
+    for n in 2..=3 {
+        let (status, answer) = g.post(Some(&alice), &transfer("1")).await;
+        assert_eq!(status, 202, "transfer {n}: {answer}");
+    }
+    let (status, answer) = g.post(Some(&alice), &transfer("1")).await;
+    assert_eq!(
+        (status, code(&answer)),
+        (429, "DAILY_LIMIT_EXCEEDED"),
+        "{answer}"
+    );
+    assert_eq!(user_transfers(&db, "alice").await, 3, "no fourth row");
+    // A replay of the first is still answered with the original, and records nothing.
+    let (status, replay) = g.post(Some(&alice), &first).await;
+    assert_eq!(status, 200, "{replay}");
+    assert_eq!(replay["req_id"], original["req_id"]);
+    assert_eq!(user_transfers(&db, "alice").await, 3);
+    // The count is per user.
+    let (status, answer) = g.post(Some(&bob), &transfer("1")).await;
+    assert_eq!(status, 202, "{answer}");
+    // Transfers of an earlier UTC day do not count, whatever their state.
+    sqlx::query(
+        "UPDATE transfers SET created_at = date_trunc('day', now(), 'UTC') - interval '1 second' \
+         WHERE user_id = 'alice' AND cid = 'daily-1'",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("age a transfer");
+    let (status, answer) = g.post(Some(&alice), &transfer("1")).await;
+    assert_eq!(status, 202, "yesterday's transfer freed a place: {answer}");
+    let (status, answer) = g.post(Some(&alice), &transfer("1")).await;
+    assert_eq!(
+        (status, code(&answer)),
+        (429, "DAILY_LIMIT_EXCEEDED"),
+        "{answer}"
+    );
+    assert_eq!(user_transfers(&db, "alice").await, 4);
+
+    // /metrics counts the refusals by code, and the answers by route and status.
+    assert_eq!(
+        metric(&g, "gateway_rejections_total", &daily).await,
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(
+            &g,
+            "gateway_rejections_total",
+            &["code=\"RATE_LIMIT_EXCEEDED\""]
+        )
+        .await,
+        Some(0.0)
+    );
+    let (status, _) = g.post(None, &transfer("1")).await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        metric(&g, "gateway_rejections_total", &["code=\"UNAUTHORIZED\""]).await,
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &g,
+            "gateway_requests_total",
+            &["route=\"/api/v1/internal_transfer\"", "status=\"429\""]
+        )
+        .await,
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(
+            &g,
+            "gateway_requests_total",
+            &["route=\"/api/v1/internal_transfer\"", "status=\"202\""]
+        )
+        .await,
+        Some(5.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_assets_daily_limit_bounds_a_users_total_of_the_day() {
+    let (db, dir) = (database().await, Dir::new());
+    sqlx::query("UPDATE assets SET daily_limit = 100 WHERE asset = 'USDT'")
+        .execute(&db.pool)
+        .await
+        .expect("set a daily limit");
+    let (key, env) = secret(&dir);
+    let g = generous_gateway(&db, vec![env]).await;
+    let (alice, bob) = (hs256(&key, "alice", 300), hs256(&key, "bob", 300));
+    let (status, answer) = g.post(Some(&alice), &transfer("60")).await;
+    assert_eq!(status, 202, "{answer}");
+    let (status, answer) = g.post(Some(&alice), &transfer("50")).await;
+    assert_eq!(
+        (status, code(&answer)),
+        (429, "DAILY_AMOUNT_EXCEEDED"),
+        "{answer}"
+    );
+    assert_eq!(user_transfers(&db, "alice").await, 1, "nothing recorded");
+    // Up to the limit exactly.
+    let (status, answer) = g.post(Some(&alice), &transfer("40")).await;
+    assert_eq!(status, 202, "{answer}");
+    // A failed transfer still counts.
+    sqlx::query("UPDATE transfers SET state = -10 WHERE user_id = 'alice'")
+        .execute(&db.pool)
+        .await
+        .expect("fail the transfers");
+    let (status, answer) = g.post(Some(&alice), &transfer("0.01")).await;
+    assert_eq!(
+        (status, code(&answer)),
+        (429, "DAILY_AMOUNT_EXCEEDED"),
+        "{answer}"
+    );
+    // The limit is per asset (BTC has none) and per user.
+    let btc = json!({"from": "FUNDING", "to": "SPOT", "asset": "BTC", "amount": "99"});
+    let (status, answer) = g.post(Some(&alice), &btc).await;
+    assert_eq!(status, 202, "{answer}");
+    let (status, answer) = g.post(Some(&bob), &transfer("100")).await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(user_transfers(&db, "alice").await, 3);
+    assert_eq!(
+        metric(
+            &g,
+            "gateway_rejections_total",
+            &["code=\"DAILY_AMOUNT_EXCEEDED\""]
+        )
+        .await,
+        Some(2.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_of_one_user_cannot_pass_the_daily_count_together() {
+    let (db, dir) = (database().await, Dir::new());
+    let (key, env) = secret(&dir);
+    let g = generous_gateway(&db, vec![env, ("TXFLOW_GATEWAY_DAILY_COUNT", "5".into())]).await;
+    let alice = hs256(&key, "alice", 300);
+    let body = transfer("1");
+    let answers = futures::future::join_all((0..10).map(|_| g.post(Some(&alice), &body))).await;
+    let accepted = answers.iter().filter(|(s, _)| *s == 202).count();
+    for (status, answer) in answers.iter().filter(|(s, _)| *s != 202) {
+        assert_eq!(
+            (*status, code(answer)),
+            (429, "DAILY_LIMIT_EXCEEDED"),
+            "{answer}"
+        );
+    }
+    let statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+    assert_eq!(accepted, 5, "{statuses:?}");
+    assert_eq!(user_transfers(&db, "alice").await, 5, "exactly five rows");
+}
+
 /// `openssl` makes an RSA key pair (PKCS#1 private key, SPKI public key) in `dir`.
 fn rsa_pair(dir: &Dir) -> (Vec<u8>, PathBuf) {
     let private = dir.0.join("jwt-private.pem");
@@ -696,4 +1022,405 @@ async fn without_its_key_the_gateway_refuses_to_start_and_without_the_database_i
     let (status, ready) = g.answer(g.client.get(format!("{}/readyz", g.url))).await;
     assert_eq!(status, 503, "{ready}");
     assert_eq!(ready["failed"], json!(["database"]), "{ready}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_transfer_is_published_to_the_coordinator_keyed_by_its_user_and_a_replay_is_not() {
+    let (db, dir) = (database().await, Dir::new());
+    let (key_bytes, env) = secret(&dir);
+    let g = Gateway::start(&db, &[env]).await;
+    g.ready().await;
+    let alice = hs256(&key_bytes, "alice", 300);
+    let mut body =
+        json!({"from": "SPOT", "to": "FUNDING", "asset": "USDT", "amount": "100.50", "cid": "c-1"});
+    let (status, first) = g.post(Some(&alice), &body).await;
+    assert_eq!(status, 202, "{first}");
+    let (status, again) = g.post(Some(&alice), &body).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["req_id"], first["req_id"]);
+    body["cid"] = json!("c-2");
+    let (status, second) = g.post(Some(&alice), &body).await;
+    assert_eq!(status, 202, "{second}");
+
+    // One key, one partition, in order: the replay published nothing between the two.
+    let messages = read_topic(&g.topics.transfer_requests(), 2).await;
+    let mut events = Vec::new();
+    for m in &messages {
+        assert_eq!(key(m), "alice", "keyed by the user");
+        let e: TransferRequested = decode(m).await;
+        assert_eq!(header(m, "event_id").as_deref(), Some(e.event_id.as_str()));
+        let traceparent = header(m, "traceparent").expect("a traceparent header");
+        assert_eq!(traceparent.split('-').count(), 4, "{traceparent}");
+        assert_eq!(e.traceparent.as_deref(), Some(traceparent.as_str()));
+        events.push(e);
+    }
+    let ids: Vec<&str> = events.iter().map(|e| e.req_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            first["req_id"].as_str().expect("req_id"),
+            second["req_id"].as_str().expect("req_id")
+        ]
+    );
+    let e = &events[0];
+    assert_eq!(
+        (
+            e.user_id.as_str(),
+            e.asset.as_str(),
+            e.amount.as_str(),
+            e.from_account.as_str(),
+            e.to_account.as_str()
+        ),
+        ("alice", "USDT", "100.5", "SPOT", "FUNDING")
+    );
+    let event_id = uuid::Uuid::parse_str(&e.event_id).expect("a UUID");
+    assert_eq!(event_id.get_version_num(), 8, "derived from the req_id");
+    assert_ne!(events[0].event_id, events[1].event_id);
+    let created: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT created_at FROM transfers WHERE req_id = $1")
+            .bind(&e.req_id)
+            .fetch_one(&db.pool)
+            .await
+            .expect("the row");
+    assert_eq!(e.created_at_ms, created.timestamp_millis());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mon_003_an_open_conservation_violation_halts_transfers_until_it_is_resolved() {
+    let (db, dir) = (database().await, Dir::new());
+    let (key_bytes, env) = secret(&dir);
+    let g = Gateway::start(&db, &[env]).await;
+    let alice = hs256(&key_bytes, "alice", 300);
+    sqlx::query(
+        "INSERT INTO transfer_conservation_violations (user_id, asset, expected, actual, detail) \
+         VALUES ('bob', 'USDT', 100, 90, 'a test violation')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("open a violation");
+    let (status, answer) = g.post(Some(&alice), &transfer("10")).await;
+    assert_eq!((status, code(&answer)), (503, "SERVICE_HALTED"), "{answer}");
+    assert!(answer["message"].is_string(), "{answer}");
+    // Authentication and validation come first.
+    let (status, answer) = g.post(None, &transfer("10")).await;
+    assert_eq!((status, code(&answer)), (401, "UNAUTHORIZED"), "{answer}");
+    let (status, answer) = g.post(Some(&alice), &transfer("-1")).await;
+    assert_eq!((status, code(&answer)), (400, "INVALID_AMOUNT"), "{answer}");
+    assert_eq!(transfers(&db).await, 0, "nothing is recorded while halted");
+
+    sqlx::query(
+        "UPDATE transfer_conservation_violations SET resolved_at = now(), resolved_by = 'op'",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("resolve it");
+    let (status, answer) = g.post(Some(&alice), &transfer("10")).await;
+    assert_eq!(status, 202, "resolved: {answer}");
+    assert_eq!(transfers(&db).await, 1);
+}
+
+const SIGNER: &str = "0xF39Fd6e51aad88F6F4ce6aB8827279cffFb92266";
+const TO: &str = "0x000000000000000000000000000000000000dEaD";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tx_request_is_published_keyed_by_its_signer_and_a_malformed_one_is_refused() {
+    let (db, dir) = (database().await, Dir::new());
+    let (key_bytes, env) = secret(&dir);
+    let g = Gateway::start(&db, &[env]).await;
+    g.ready().await;
+    let token = hs256(&key_bytes, "upstream", 300);
+    let post = reqwest::Method::POST;
+    let request = |id: &str| {
+        json!({
+            "request_id": id, "chain_id": CHAIN_ID, "signer": SIGNER, "to": TO,
+            "value": "1000", "data": "0xabCD", "gas_limit": 50000,
+            "max_fee_per_gas": "2000000000", "max_priority_fee_per_gas": "1000000000",
+            "metadata": {"order": "42"},
+        })
+    };
+    let (status, accepted) = g
+        .call(
+            post.clone(),
+            "/api/v1/tx",
+            Some(&token),
+            Some(&request("order-1")),
+        )
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let lower = SIGNER.to_ascii_lowercase();
+    assert_eq!(accepted["request_id"], "order-1");
+    assert_eq!(accepted["chain_id"], CHAIN_ID);
+    assert_eq!(accepted["signer"], lower.as_str());
+
+    let (status, answer) = g
+        .call(post.clone(), "/api/v1/tx", None, Some(&request("order-x")))
+        .await;
+    assert_eq!((status, code(&answer)), (401, "UNAUTHORIZED"), "{answer}");
+    for (what, field, value) in [
+        ("a bad signer", "signer", json!("0x1234")),
+        ("a bad destination", "to", json!("dead")),
+        ("a fractional value", "value", json!("1.5")),
+        ("a numeric value", "value", json!(1000)),
+        ("odd hex data", "data", json!("0xabc")),
+        ("another chain", "chain_id", json!(1)),
+        ("an empty request id", "request_id", json!("")),
+        ("an unknown field", "fee", json!("1")),
+        (
+            "a tip above the max fee",
+            "max_priority_fee_per_gas",
+            json!("3000000000"),
+        ),
+    ] {
+        let mut body = request("order-x");
+        body[field] = value;
+        let (status, answer) = g
+            .call(post.clone(), "/api/v1/tx", Some(&token), Some(&body))
+            .await;
+        assert_eq!(
+            (status, code(&answer)),
+            (400, "INVALID_REQUEST"),
+            "{what}: {answer}"
+        );
+    }
+    let (status, answer) = g
+        .answer(
+            g.client
+                .post(format!("{}/api/v1/tx", g.url))
+                .bearer_auth(&token)
+                .header("content-type", "application/json")
+                .body("{\"request_id\":"),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&answer)),
+        (400, "INVALID_REQUEST"),
+        "{answer}"
+    );
+    // 10,000 bytes of calldata: over the transfers' 16 KiB body limit, within the tx one.
+    let mut big = request("order-2");
+    big["data"] = json!(format!("0x{}", "ab".repeat(10_000)));
+    let (status, second) = g
+        .call(post.clone(), "/api/v1/tx", Some(&token), Some(&big))
+        .await;
+    assert_eq!(status, 202, "{second}");
+
+    // One signer, one partition, in order: nothing refused was published between the two.
+    let messages = read_topic(&g.topics.tx_requests(), 2).await;
+    let mut requests = Vec::new();
+    for m in &messages {
+        assert_eq!(key(m), signer_key(CHAIN_ID, SIGNER));
+        let r: TxRequest = decode(m).await;
+        assert_eq!(header(m, "event_id").as_deref(), Some(r.event_id.as_str()));
+        assert!(header(m, "traceparent").is_some());
+        requests.push(r);
+    }
+    assert_eq!(requests[0].request_id, "order-1");
+    assert_eq!(requests[1].request_id, "order-2");
+    let r = &requests[0];
+    assert_eq!(r.event_id, accepted["event_id"].as_str().expect("event_id"));
+    assert_eq!((r.chain_id, r.signer.as_str()), (CHAIN_ID, lower.as_str()));
+    assert_eq!(r.to, TO.to_ascii_lowercase());
+    assert_eq!(r.value, "1000");
+    assert_eq!(r.data, vec![0xab, 0xcd]);
+    assert_eq!(r.gas_limit, Some(50000));
+    assert_eq!(r.max_fee_per_gas.as_deref(), Some("2000000000"));
+    assert_eq!(r.max_priority_fee_per_gas.as_deref(), Some("1000000000"));
+    assert_eq!(r.metadata.get("order").map(String::as_str), Some("42"));
+    assert_eq!(r.depends_on_request_id, None);
+    assert_eq!(requests[1].data, vec![0xab; 10_000]);
+
+    // The OpenAPI document served is the checked-in one.
+    let (status, doc) = g
+        .call(reqwest::Method::GET, "/openapi.json", None, None)
+        .await;
+    assert_eq!(status, 200);
+    let checked_in: Value = serde_json::from_str(include_str!("../../gateway/openapi.json"))
+        .expect("the checked-in document");
+    assert_eq!(doc, checked_in);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tx_reads_answer_from_managed_tx_and_approve_and_cancel_publish_commands() {
+    let (db, dir) = (database().await, Dir::new());
+    let (key_bytes, env) = secret(&dir);
+    let g = Gateway::start(&db, &[env]).await;
+    g.ready().await;
+    let (get, post) = (reqwest::Method::GET, reqwest::Method::POST);
+    let reader = hs256(&key_bytes, "someone", 300);
+    let operator = hs256_claims(&key_bytes, json!({"sub": "op-1", "role": "operator"}));
+    let lower = SIGNER.to_ascii_lowercase();
+    let tx_id = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, payload, state) \
+         VALUES ($1, $2, $3, 'order-7', $4, 'PENDING_APPROVAL')",
+    )
+    .bind(tx_id)
+    .bind(CHAIN_ID)
+    .bind(&lower)
+    .bind(
+        json!({"to": TO.to_ascii_lowercase(), "value": "5", "data": "0x",
+        "gas_limit": null, "max_fee_per_gas": null, "max_priority_fee_per_gas": null}),
+    )
+    .execute(&db.pool)
+    .await
+    .expect("insert a transaction");
+
+    let (status, tx) = g
+        .call(
+            get.clone(),
+            &format!("/api/v1/tx/{tx_id}"),
+            Some(&reader),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{tx}");
+    assert_eq!(tx["tx_id"], tx_id.to_string());
+    assert_eq!(tx["request_id"], "order-7");
+    assert_eq!(tx["chain_id"], CHAIN_ID);
+    assert_eq!(tx["signer"], lower.as_str());
+    assert_eq!(tx["state"], "PENDING_APPROVAL");
+    assert_eq!(tx["to"], TO.to_ascii_lowercase().as_str());
+    assert_eq!(tx["value"], "5");
+    assert_eq!((&tx["nonce"], &tx["tx_hash"]), (&Value::Null, &Value::Null));
+    assert_eq!(tx["attempts"], 0);
+    assert!(tx["created_at"].is_string(), "{tx}");
+    let by_request =
+        format!("/api/v1/tx/by-request?chain_id={CHAIN_ID}&signer={SIGNER}&request_id=order-7");
+    let (status, same) = g.call(get.clone(), &by_request, Some(&reader), None).await;
+    assert_eq!((status, &same), (200, &tx));
+
+    for (what, path, status, expected) in [
+        (
+            "an unknown id",
+            format!("/api/v1/tx/{}", uuid::Uuid::new_v4()),
+            404,
+            "NOT_FOUND",
+        ),
+        (
+            "not an id",
+            "/api/v1/tx/not-a-uuid".to_string(),
+            404,
+            "NOT_FOUND",
+        ),
+        (
+            "an unknown request",
+            format!("/api/v1/tx/by-request?chain_id={CHAIN_ID}&signer={SIGNER}&request_id=nope"),
+            404,
+            "NOT_FOUND",
+        ),
+        (
+            "no request_id",
+            format!("/api/v1/tx/by-request?chain_id={CHAIN_ID}&signer={SIGNER}"),
+            400,
+            "INVALID_REQUEST",
+        ),
+        (
+            "a bad signer",
+            format!("/api/v1/tx/by-request?chain_id={CHAIN_ID}&signer=0x1&request_id=order-7"),
+            400,
+            "INVALID_REQUEST",
+        ),
+    ] {
+        let (got, answer) = g.call(get.clone(), &path, Some(&reader), None).await;
+        assert_eq!((got, code(&answer)), (status, expected), "{what}: {answer}");
+    }
+    let (status, answer) = g
+        .call(get.clone(), &format!("/api/v1/tx/{tx_id}"), None, None)
+        .await;
+    assert_eq!((status, code(&answer)), (401, "UNAUTHORIZED"), "{answer}");
+
+    // Approve and cancel: operators only.
+    let approve = format!("/api/v1/tx/{tx_id}/approve");
+    let cancel = format!("/api/v1/tx/{tx_id}/cancel");
+    let (status, answer) = g.call(post.clone(), &approve, Some(&reader), None).await;
+    assert_eq!((status, code(&answer)), (403, "FORBIDDEN"), "{answer}");
+    let (status, answer) = g
+        .call(
+            post.clone(),
+            &format!("/api/v1/tx/{}/approve", uuid::Uuid::new_v4()),
+            Some(&operator),
+            None,
+        )
+        .await;
+    assert_eq!((status, code(&answer)), (404, "NOT_FOUND"), "{answer}");
+    let (status, approved) = g.call(post.clone(), &approve, Some(&operator), None).await;
+    assert_eq!(status, 202, "{approved}");
+    assert_eq!(approved["command"], "APPROVE");
+    assert_eq!(approved["state"], "PENDING_APPROVAL");
+    let (status, cancelled) = g
+        .call(
+            post.clone(),
+            &cancel,
+            Some(&operator),
+            Some(&json!({"reason": "not needed"})),
+        )
+        .await;
+    assert_eq!(status, 202, "{cancelled}");
+    assert_eq!(cancelled["command"], "CANCEL");
+
+    let messages = read_topic(&g.topics.tx_commands(), 2).await;
+    let mut commands = Vec::new();
+    for m in &messages {
+        assert_eq!(key(m), signer_key(CHAIN_ID, &lower));
+        commands.push(decode::<TxCommand>(m).await);
+    }
+    for c in &commands {
+        assert_eq!(c.tx_id, tx_id.to_string());
+        assert_eq!((c.chain_id, c.signer.as_str()), (CHAIN_ID, lower.as_str()));
+        assert_eq!(c.requested_by, "op-1", "the token's sub");
+    }
+    assert_eq!(commands[0].command, TxCommandKind::Approve);
+    assert_eq!(
+        commands[0].event_id,
+        approved["event_id"].as_str().expect("id")
+    );
+    assert_eq!(commands[0].reason, None);
+    assert_eq!(commands[1].command, TxCommandKind::Cancel);
+    assert_eq!(commands[1].reason.as_deref(), Some("not needed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_broker_a_transfer_is_still_recorded_and_a_tx_request_gets_503() {
+    let (db, dir) = (database().await, Dir::new());
+    let (key_bytes, env) = secret(&dir);
+    // A broker nobody listens on: the gateway starts all the same.
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    let g = Gateway::start(&db, &[env, ("TXFLOW_BROKERS", nowhere)]).await;
+    let alice = hs256(&key_bytes, "alice", 300);
+    let (status, ready) = g.answer(g.client.get(format!("{}/readyz", g.url))).await;
+    assert_eq!(status, 503, "{ready}");
+    assert_eq!(ready["failed"], json!(["broker"]), "{ready}");
+
+    // The transfer is recorded and accepted; the coordinator's recovery scan will resume it.
+    let (status, created) = g.post(Some(&alice), &transfer("10")).await;
+    assert_eq!(status, 202, "{created}");
+    assert_eq!(transfers(&db).await, 1);
+    let req_id = created["req_id"].as_str().expect("a req_id").to_string();
+    wait_for(
+        "the failed publish is logged with its req_id",
+        Duration::from_secs(30),
+        || async {
+            let log = std::fs::read_to_string(&g.log).unwrap_or_default();
+            log.lines()
+                .any(|l| {
+                    l.contains("WARN") && l.contains("TransferRequested") && l.contains(&req_id)
+                })
+                .then_some(())
+        },
+    )
+    .await;
+
+    // A tx request is only published, so its failure is the caller's to retry.
+    let body = json!({
+        "request_id": "order-1", "chain_id": CHAIN_ID, "signer": SIGNER, "to": TO, "value": "1",
+    });
+    let (status, answer) = g
+        .call(
+            reqwest::Method::POST,
+            "/api/v1/tx",
+            Some(&alice),
+            Some(&body),
+        )
+        .await;
+    assert_eq!((status, code(&answer)), (503, "SYSTEM_ERROR"), "{answer}");
 }

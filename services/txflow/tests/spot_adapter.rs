@@ -9,7 +9,9 @@
 //! - with the ledger killed (`kill -9`) a call answers TIMEOUT within the configured timeout, never
 //!   EXPLICIT_FAIL; after the ledger restarts, the same call succeeds and the money moved once;
 //! - 20 concurrent calls (tokio tasks sharing one adapter) are each answered right;
-//! - the same key called 10 times at once: all SUCCESS, applied once.
+//! - the same key called 10 times at once: all SUCCESS, applied once;
+//! - outside movements (`external`) and `read_balance`: the balance and the net of the outside
+//!   movements, transfer legs apart, and the net after `kill -9` and a restart.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -18,12 +20,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
-use txflow_core::events::{SpotOutcome, SpotReply};
+use txflow_core::events::{SpotOp, SpotOutcome, SpotReply};
 use txflow_core::kafka::{Topics, ensure_topics};
 use txflow_core::transfer::{AdapterResponse, AssetRule, AssetStatus, AssetTable, TransferCode};
 use txflow_spot_ledger::Decimal;
 use txflow_tests::{kafka_settings, registry_url, spawn_child, unique, wait_for};
-use txflow_transfer_coordinator::spot::{SpotAdapter, SpotAdapterConfig, SpotAnswer, SpotCall};
+use txflow_transfer_coordinator::spot::{
+    SpotAdapter, SpotAdapterConfig, SpotAnswer, SpotBalance, SpotCall, SpotReadError,
+};
 
 const LONG: Duration = Duration::from_secs(120);
 
@@ -399,4 +403,95 @@ async fn spot_adapter_unreachable_registry_is_a_network_error_never_a_failure() 
     let r = cut_off.credit(&call("n1", &u, "USDT", "5"), false).await;
     assert_eq!(r.response, AdapterResponse::NetworkError, "{r:?}");
     assert_eq!(b.balance(&u, "USDT").await, dec("0"));
+}
+
+#[tokio::test]
+async fn spot_adapter_outside_movements_and_their_net_survive_kill_9() {
+    let mut b = Bench::new(Duration::from_secs(10)).await;
+    let a = b.adapter.clone();
+    let u = unique("outside");
+    let holding = |balance: &str, net: &str| SpotBalance {
+        balance: dec(balance),
+        external_net: dec(net),
+    };
+
+    // 100 deposited from outside, then a SPOT → FUNDING transfer takes 30.25 out.
+    let deposit = call("dep-1", &u, "USDT", "100");
+    assert_success(
+        &a.external(&deposit, SpotOp::Credit).await,
+        SpotOutcome::Applied,
+        "100",
+    );
+    assert_success(
+        &a.debit(&call("t-1", &u, "USDT", "30.25")).await,
+        SpotOutcome::Applied,
+        "69.75",
+    );
+    assert_eq!(
+        a.read_balance(&u, "USDT").await,
+        Ok(holding("69.75", "100"))
+    );
+    // 20 withdrawn to the outside; more than the balance is refused and moves nothing.
+    assert_success(
+        &a.external(&call("wd-1", &u, "USDT", "20"), SpotOp::Debit)
+            .await,
+        SpotOutcome::Applied,
+        "49.75",
+    );
+    let too_much = a
+        .external(&call("wd-2", &u, "USDT", "50"), SpotOp::Debit)
+        .await;
+    assert_eq!(too_much.response, fail(TransferCode::InsufficientBalance));
+    // A movement is not a transfer: above the asset's transfer maximum is fine.
+    assert_success(
+        &a.external(&call("dep-2", &u, "BTC", "2000000000.5"), SpotOp::Credit)
+            .await,
+        SpotOutcome::Applied,
+        "2000000000.5",
+    );
+    // Refused by the adapter itself: nothing produced.
+    for (op, amount, asset, code) in [
+        (SpotOp::Balance, "1", "USDT", TransferCode::InvalidRequest),
+        (SpotOp::Credit, "-1", "USDT", TransferCode::InvalidAmount),
+        (
+            SpotOp::Credit,
+            "0.0000001",
+            "USDT",
+            TransferCode::PrecisionOverflow,
+        ),
+        (SpotOp::Credit, "1", "DOGE", TransferCode::InvalidAsset),
+    ] {
+        let r = a.external(&call("m-x", &u, asset, amount), op).await;
+        assert_eq!(r.response, fail(code), "{op:?} {amount} {asset}");
+        assert!(r.reply.is_none(), "{r:?}");
+    }
+    assert_eq!(
+        a.read_balance(&u, "DOGE").await,
+        Err(SpotReadError::Refused(TransferCode::InvalidAsset))
+    );
+    let want = [
+        ("USDT", holding("49.75", "80")),
+        ("BTC", holding("2000000000.5", "2000000000.5")),
+    ];
+    for (asset, h) in &want {
+        assert_eq!(a.read_balance(&u, asset).await, Ok(*h), "{asset}");
+    }
+
+    // kill -9 and a restart: rebuilt from the write-ahead log; the repeat moves nothing.
+    b.kill_9().await;
+    b.start_ledger();
+    b.ready().await;
+    for (asset, h) in &want {
+        assert_eq!(
+            a.read_balance(&u, asset).await,
+            Ok(*h),
+            "{asset} after kill -9"
+        );
+    }
+    assert_success(
+        &a.external(&deposit, SpotOp::Credit).await,
+        SpotOutcome::AlreadyApplied,
+        "100",
+    );
+    assert_eq!(a.read_balance(&u, "USDT").await, Ok(holding("49.75", "80")));
 }

@@ -8,7 +8,9 @@
 //!   answered, no operation applied twice, the balances the sum of the applied operations, and
 //!   unchanged by a kill once acknowledged;
 //! - a torn write-ahead log tail is cut off and the ledger starts from the complete records;
-//! - a second process on the same log directory refuses to start.
+//! - a second process on the same log directory refuses to start;
+//! - outside movements (`external`): their net per (user, asset) in the BALANCE reply, apart
+//!   from transfer legs, rebuilt from the log after `kill -9`.
 
 mod common;
 
@@ -178,6 +180,18 @@ impl Bench {
         dec(r.balance.as_deref().expect("a balance"))
     }
 
+    /// The balance and the external net, by a BALANCE query with a fresh id.
+    async fn holding(&self, user: &str, asset: &str) -> (Decimal, Decimal) {
+        let r = self
+            .call(&command(&unique("q"), SpotOp::Balance, user, asset, ""))
+            .await;
+        assert_eq!(r.outcome, SpotOutcome::Applied, "{r:?}");
+        (
+            dec(r.balance.as_deref().expect("a balance")),
+            dec(r.external_net.as_deref().expect("an external net")),
+        )
+    }
+
     /// Waits until a (new) ledger process answers.
     async fn ready(&self) {
         self.balance("nobody", "USDT").await;
@@ -231,6 +245,15 @@ fn command(req: &str, op: SpotOp, user: &str, asset: &str, amount: &str) -> Spot
         amount: amount.into(),
         op,
         compensation: false,
+        external: false,
+    }
+}
+
+/// An outside movement: money into (CREDIT) or out of (DEBIT) the trading core from outside.
+fn external(req: &str, op: SpotOp, user: &str, asset: &str, amount: &str) -> SpotCommand {
+    SpotCommand {
+        external: true,
+        ..command(req, op, user, asset, amount)
     }
 }
 
@@ -662,4 +685,74 @@ async fn spot_ledger_second_instance_on_the_same_wal_refuses_to_start() {
         .await;
     assert_eq!(r.outcome, SpotOutcome::Applied);
     stop(&mut first).await;
+}
+
+#[tokio::test]
+async fn spot_ledger_keeps_the_external_net_of_outside_movements_across_kill_9() {
+    let b = Bench::new().await;
+    let ledger = Supervised::start("spot-ledger", b.env(), &[]);
+    b.ready().await;
+    let u = "dave";
+    use SpotOp::*;
+    use SpotOutcome::*;
+
+    let deposit = external("dep-1", Credit, u, "USDT", "100");
+    let r = b.call(&deposit).await;
+    assert_reply(&r, Applied, None, Some("100"));
+    assert_eq!(r.external_net, None, "only BALANCE carries the net");
+    // A transfer leg moves the balance, not the net.
+    let transfer = command("t-1", Debit, u, "USDT", "30.5");
+    assert_reply(&b.call(&transfer).await, Applied, None, Some("69.5"));
+    assert_eq!(b.holding(u, "USDT").await, (dec("69.5"), dec("100")));
+    // A withdrawal to the outside moves both; one beyond the balance moves neither.
+    let withdrawal = external("wd-1", Debit, u, "USDT", "9.5");
+    assert_reply(&b.call(&withdrawal).await, Applied, None, Some("60"));
+    let too_much = external("wd-2", Debit, u, "USDT", "60.000001");
+    assert_reply(
+        &b.call(&too_much).await,
+        Rejected,
+        Some("INSUFFICIENT_BALANCE"),
+        Some("60"),
+    );
+    // A repeat is answered from the log and counted once; the same key as a transfer leg is
+    // another operation's parameters.
+    assert_reply(&b.call(&deposit).await, AlreadyApplied, None, Some("100"));
+    let as_leg = b.call(&command("dep-1", Credit, u, "USDT", "100")).await;
+    assert_reply(&as_leg, Rejected, Some("DUPLICATE_REQUEST"), None);
+    // Money that came in from outside and left by transfer: balance 0, net positive.
+    let btc_in = external("dep-2", Credit, u, "BTC", "0.5");
+    assert_reply(&b.call(&btc_in).await, Applied, None, Some("0.5"));
+    let btc_out = command("t-2", Debit, u, "BTC", "0.5");
+    assert_reply(&b.call(&btc_out).await, Applied, None, Some("0"));
+    // `external` on a read is malformed: dead-lettered, the ledger moves on.
+    b.send(&external("q-bad", Balance, u, "USDT", "")).await;
+
+    let want = [
+        ("USDT", (dec("60"), dec("90.5"))),
+        ("BTC", (dec("0"), dec("0.5"))),
+    ];
+    for (asset, holding) in &want {
+        assert_eq!(b.holding(u, asset).await, *holding, "{asset}");
+    }
+    assert_eq!(b.holding("nobody", "USDT").await, (dec("0"), dec("0")));
+    wait_until("the malformed read dead-lettered", LONG, || async {
+        b.dead
+            .lock()
+            .expect("dlq lock")
+            .iter()
+            .any(|(_, code)| code == "INVALID_EXTERNAL")
+    })
+    .await;
+    assert!(b.replies_to("q-bad", Balance).is_empty());
+
+    // kill -9: the net is rebuilt from the write-ahead log with the balances.
+    ledger.kill_9().await;
+    b.ready().await;
+    for (asset, holding) in &want {
+        assert_eq!(b.holding(u, asset).await, *holding, "{asset} after kill -9");
+    }
+    assert_reply(&b.call(&deposit).await, AlreadyApplied, None, Some("100"));
+    assert_eq!(b.holding(u, "USDT").await, (dec("60"), dec("90.5")));
+    let ended = ledger.finish().await;
+    assert_eq!(ended, ["kill -9"], "{ended:?}");
 }

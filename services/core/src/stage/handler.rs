@@ -248,6 +248,14 @@ pub trait Handler: Send + Sync + 'static {
     /// The signer a message belongs to, or a permanent rejection (invalid input).
     fn route(&self, input: &Self::Input) -> Result<(ChainId, Signer), Rejection>;
 
+    /// The Kafka key of a signer's messages on the input topic, which tells the partition its
+    /// work belongs to (the recovery scan drives only the signers of this instance's
+    /// partitions). Default: `{chain_id}:{signer}` ([`crate::kafka::signer_key`]); the transfer
+    /// coordinator's topics are keyed by user id.
+    fn partition_key(&self, chain_id: ChainId, signer: &Signer) -> String {
+        crate::kafka::signer_key(chain_id.0, signer.as_str())
+    }
+
     /// Applies one message inside its signer's savepoint. Idempotent: a message seen before must
     /// re-emit the same outputs (same `event_id`) and change nothing.
     fn handle(
@@ -321,6 +329,9 @@ impl<H: Handler> Handler for Arc<H> {
     }
     fn route(&self, input: &Self::Input) -> Result<(ChainId, Signer), Rejection> {
         (**self).route(input)
+    }
+    fn partition_key(&self, chain_id: ChainId, signer: &Signer) -> String {
+        (**self).partition_key(chain_id, signer)
     }
     fn handle(
         &self,

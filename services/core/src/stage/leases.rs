@@ -231,7 +231,7 @@ impl<H: Handler> StageRuntime<H> {
     /// The input partition a signer's messages go to (librdkafka's default partitioner).
     pub(super) fn partition_of(&self, chain_id: ChainId, signer: &Signer) -> i32 {
         partition::partition_for(
-            &crate::kafka::signer_key(chain_id.0, signer.as_str()),
+            &self.handler.partition_key(chain_id, signer),
             self.config.partitions,
         )
     }

@@ -119,6 +119,11 @@ impl<H: Handler> StageRuntime<H> {
         }
     }
 
+    /// The stage's handler.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
     pub fn leases(&self) -> &LeaseManager {
         &self.leases
     }

@@ -1,0 +1,462 @@
+//! The coordinator's [`Handler`] (seed 004 §9.2 on the stage runtime): route a
+//! `TransferRequested` to its user's lease, persist INIT → SOURCE_PENDING in the batch's fenced
+//! transaction, then — in `drive`, outside any transaction — call the adapters and record each
+//! answer with a fenced CAS, persisting every state before the call it leads to.
+//!
+//! One lease per user ([`lease_subject`]): two coordinator instances never drive one user's
+//! transfers at once, and a write under a lost lease is refused (`Fenced`). The recovery worker
+//! of §6 is the runtime's recovery scan: [`Handler::pending_signers`] names the users with an
+//! open transfer that has not moved for `transfer.stale_ms`, and `drive` resumes each of their
+//! open transfers from the state it is in ([`crate::decide::step`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use sqlx::PgPool;
+use txflow_core::codec::Subjects;
+use txflow_core::domain::{ChainId, Signer};
+use txflow_core::events::{TransferRequested, TransferUpdated};
+use txflow_core::fault;
+use txflow_core::fenced::Fenced;
+use txflow_core::role::Role;
+use txflow_core::stage::handler::db;
+use txflow_core::stage::{DriveCtx, Handler, HandlerError, Output, Rejection};
+use txflow_core::transfer::{
+    AdapterResponse, Next, Stay, TransferState, Transition, check_accounts, check_id, decide,
+    lease_subject, parse_amount, transfer_event_id,
+};
+
+use crate::config::CoordinatorConfig;
+use crate::decide::{LegOp, Step, funding_response, step};
+use crate::funding::{FundingAdapter, FundingCall};
+use crate::spot::{SpotAdapter, SpotCall};
+use crate::store::{self, Cas, TransferRow};
+
+/// How many users one recovery scan resumes at most (the longest-waiting first).
+const SCAN_LIMIT: i64 = 1_000;
+
+/// The transfer coordinator stage.
+pub struct CoordinatorStage {
+    config: CoordinatorConfig,
+    pool: PgPool,
+    funding: FundingAdapter,
+    spot: Arc<SpotAdapter>,
+    /// The user behind each lease subject this instance has seen (a subject is a hash of the
+    /// user id, see [`lease_subject`]).
+    users: Mutex<HashMap<Signer, String>>,
+}
+
+impl CoordinatorStage {
+    pub fn new(
+        config: CoordinatorConfig,
+        pool: PgPool,
+        spot: Arc<SpotAdapter>,
+    ) -> CoordinatorStage {
+        CoordinatorStage {
+            config,
+            funding: FundingAdapter::new(pool.clone()),
+            pool,
+            spot,
+            users: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The SPOT adapter (shared with the conservation check).
+    pub fn spot(&self) -> Arc<SpotAdapter> {
+        self.spot.clone()
+    }
+
+    fn subject(&self, user_id: &str) -> Signer {
+        let subject = lease_subject(user_id);
+        if let Ok(mut users) = self.users.lock() {
+            users
+                .entry(subject.clone())
+                .or_insert_with(|| user_id.to_string());
+        }
+        subject
+    }
+
+    fn user_of(&self, subject: &Signer) -> Option<String> {
+        self.users.lock().ok()?.get(subject).cloned()
+    }
+
+    fn updated(&self, row: &TransferRow, state: TransferState, token: i64) -> Output {
+        let (from, to) = match row.direction() {
+            Ok(d) => (d.source().as_str(), d.target().as_str()),
+            Err(_) => ("?", "?"),
+        };
+        let event = TransferUpdated {
+            event_id: transfer_event_id(&row.req_id, state),
+            req_id: row.req_id.clone(),
+            user_id: row.user_id.clone(),
+            asset: row.asset.clone(),
+            amount: row.amount().to_string(),
+            from_account: from.to_string(),
+            to_account: to.to_string(),
+            state: state.as_str().to_string(),
+            state_id: i32::from(state.id()),
+            error_code: row.error_code.clone(),
+            fencing_token: token,
+            updated_at_ms: chrono_ms(),
+        };
+        Output::new(
+            self.config.topics.transfer_events(),
+            Subjects::TopicName,
+            row.user_id.clone(),
+            event,
+        )
+    }
+
+    /// Calls the adapter of `account` for `op` (each idempotent by `req_id`).
+    async fn call(&self, row: &TransferRow, step: Step) -> AdapterResponse {
+        let Step::Call { account, op } = step else {
+            return AdapterResponse::Unknown;
+        };
+        let amount = row.amount();
+        match account {
+            txflow_core::transfer::AccountType::Funding => {
+                let call = FundingCall {
+                    req_id: &row.req_id,
+                    user_id: &row.user_id,
+                    asset: &row.asset,
+                    amount,
+                };
+                let result = match op {
+                    LegOp::Withdraw => self.funding.withdraw(&call).await,
+                    LegOp::Deposit => self.funding.deposit(&call).await,
+                    LegOp::Refund => self.funding.refund(&call).await,
+                };
+                if let Err(e) = &result {
+                    tracing::warn!(req_id = %row.req_id, ?op, error = %e, "FUNDING call failed: outcome unknown, retried");
+                }
+                funding_response(&result)
+            }
+            txflow_core::transfer::AccountType::Spot => {
+                // An asset listed since the rules were last read is looked up before the call
+                // (the adapter would refuse it as INVALID_ASSET, and a target's refusal is
+                // compensated).
+                if !self.spot.knows(&row.asset) {
+                    match crate::funding::load_assets(&self.pool).await {
+                        Ok(assets) => self.spot.set_assets(assets),
+                        Err(e) => {
+                            tracing::warn!(req_id = %row.req_id, error = %e, "asset rules not re-read");
+                            return AdapterResponse::NetworkError;
+                        }
+                    }
+                }
+                let call = SpotCall {
+                    req_id: &row.req_id,
+                    user_id: &row.user_id,
+                    asset: &row.asset,
+                    amount,
+                };
+                let answer = match op {
+                    LegOp::Withdraw => self.spot.debit(&call).await,
+                    LegOp::Deposit => self.spot.credit(&call, false).await,
+                    LegOp::Refund => self.spot.credit(&call, true).await,
+                };
+                answer.response
+            }
+            // Validation refuses every other account type before a row exists.
+            other => {
+                tracing::error!(req_id = %row.req_id, account = other.as_str(), "no adapter for this account type");
+                AdapterResponse::Unknown
+            }
+        }
+    }
+
+    /// Drives one transfer from its state as far as it goes now: to a terminal state, or to a
+    /// step that stays (an unknown outcome, a refused refund), or — halted — before INIT moves.
+    async fn drive_transfer(
+        &self,
+        ctx: &DriveCtx<'_>,
+        mut row: TransferRow,
+        halted: bool,
+        out: &mut Vec<Output>,
+    ) -> Result<(), HandlerError> {
+        let direction = row
+            .direction()
+            .map_err(|e| HandlerError::fail("CORRUPT_TRANSFER", e.to_string()))?;
+        let token = ctx.lease.token().0;
+        loop {
+            let state = row
+                .state()
+                .map_err(|e| HandlerError::fail("CORRUPT_TRANSFER", e.to_string()))?;
+            match step(state, direction) {
+                Step::Done => return Ok(()),
+                Step::Cas(t) => {
+                    if t == Transition::START_SOURCE && halted {
+                        tracing::warn!(req_id = %row.req_id, "transfers halted (conservation violation): not started");
+                        return Ok(());
+                    }
+                    if t == Transition::START_SOURCE {
+                        fault::point(fault::TRANSFER_BEFORE_START);
+                    }
+                    match self.cas(ctx, &row, t, None).await? {
+                        Cas::Moved => {
+                            out.push(self.updated(&row, t.to(), token));
+                            txflow_core::metrics::get()
+                                .transfer_transition(t.from().as_str(), t.to().as_str());
+                            row.state = t.to().id();
+                        }
+                        Cas::Skipped(now) => {
+                            tracing::info!(req_id = %row.req_id, expected = %t.from(), now = %now, "transfer moved by another worker: skipped");
+                            return Ok(());
+                        }
+                    }
+                }
+                call @ Step::Call { op, .. } => {
+                    // The state is persisted (by this drive's CAS or by the batch's), the call
+                    // not made yet: CRA-002 (SOURCE_PENDING) and CRA-005 (TARGET_PENDING).
+                    match op {
+                        LegOp::Withdraw => fault::point(fault::TRANSFER_AFTER_START),
+                        LegOp::Deposit => fault::point(fault::TRANSFER_AFTER_TARGET_START),
+                        LegOp::Refund => {}
+                    }
+                    let response = self.call(&row, call).await;
+                    fault::point(match op {
+                        LegOp::Withdraw => fault::TRANSFER_AFTER_SOURCE_CALL,
+                        LegOp::Deposit => fault::TRANSFER_AFTER_TARGET_CALL,
+                        LegOp::Refund => fault::TRANSFER_AFTER_REFUND_CALL,
+                    });
+                    match decide(state, response) {
+                        Next::Move(t) => {
+                            let error = match response {
+                                AdapterResponse::ExplicitFail(code) => Some(code),
+                                _ => None,
+                            };
+                            let message = error.map(|c| format!("{op:?} refused: {}", c.as_str()));
+                            let error = error.map(|c| c.as_str());
+                            let detail = match (&error, &message) {
+                                (Some(c), Some(m)) => Some((*c, m.as_str())),
+                                _ => None,
+                            };
+                            match self.cas(ctx, &row, t, detail).await? {
+                                Cas::Moved => {
+                                    if let Some(code) = error {
+                                        row.error_code = Some(code.to_string());
+                                    }
+                                    out.push(self.updated(&row, t.to(), token));
+                                    txflow_core::metrics::get()
+                                        .transfer_transition(t.from().as_str(), t.to().as_str());
+                                    tracing::info!(req_id = %row.req_id, user_id = %row.user_id, from = %t.from(), to = %t.to(), fencing_token = token, "transfer moved");
+                                    if t.to() == TransferState::SourceDone {
+                                        fault::point(fault::TRANSFER_AFTER_SOURCE_DONE);
+                                    }
+                                    row.state = t.to().id();
+                                }
+                                Cas::Skipped(now) => {
+                                    tracing::info!(req_id = %row.req_id, expected = %t.from(), now = %now, "transfer moved by another worker: skipped");
+                                    return Ok(());
+                                }
+                            }
+                        }
+                        Next::Stay(why) => {
+                            let (code, message) = match why {
+                                Stay::OutcomeUnknown => (
+                                    "OUTCOME_UNKNOWN".to_string(),
+                                    format!("{op:?}: {response:?}; retried (never compensated)"),
+                                ),
+                                Stay::RefundRefused(c) => (
+                                    c.as_str().to_string(),
+                                    format!("refund refused: {}; retried", c.as_str()),
+                                ),
+                            };
+                            self.stayed(ctx, &row, state, &code, &message).await?;
+                            match (state, why) {
+                                (TransferState::TargetPending, _) => tracing::error!(
+                                    req_id = %row.req_id, user_id = %row.user_id, response = ?response,
+                                    retry = row.retry_count + 1,
+                                    "CRITICAL: target outcome unknown, funds in flight: retrying forever, never compensating"
+                                ),
+                                (TransferState::Compensating, _) => tracing::error!(
+                                    req_id = %row.req_id, user_id = %row.user_id, response = ?response,
+                                    retry = row.retry_count + 1,
+                                    "CRITICAL: refund failed, funds in flight: retrying"
+                                ),
+                                _ => tracing::warn!(
+                                    req_id = %row.req_id, user_id = %row.user_id, response = ?response,
+                                    "source outcome unknown: retrying"
+                                ),
+                            }
+                            return Ok(());
+                        }
+                        Next::NotAwaiting => return Ok(()),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn cas(
+        &self,
+        ctx: &DriveCtx<'_>,
+        row: &TransferRow,
+        t: Transition,
+        error: Option<(&str, &str)>,
+    ) -> Result<Cas, HandlerError> {
+        let mut tx = ctx.lease.begin(ctx.pool).await?;
+        let done = store::cas(&mut tx.writer(), &row.req_id, t, error).await?;
+        tx.commit().await?;
+        Ok(done)
+    }
+
+    async fn stayed(
+        &self,
+        ctx: &DriveCtx<'_>,
+        row: &TransferRow,
+        state: TransferState,
+        code: &str,
+        message: &str,
+    ) -> Result<(), HandlerError> {
+        let mut tx = ctx.lease.begin(ctx.pool).await?;
+        store::stayed(&mut tx.writer(), &row.req_id, state, code, message).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+fn chrono_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The coordinator's own re-validation of a request (defence in depth, layer 2 of §9.2): what
+/// the gateway checked is checked again, and the event must match the row it names.
+fn check_request(input: &TransferRequested) -> Result<(), Rejection> {
+    let refuse = |r: txflow_core::transfer::Rejected| Rejection::new(r.code.as_str(), r.detail);
+    check_id("req_id", &input.req_id).map_err(refuse)?;
+    check_id("user_id", &input.user_id).map_err(refuse)?;
+    check_accounts(&input.from_account, &input.to_account).map_err(refuse)?;
+    parse_amount(&input.amount).map_err(refuse)?;
+    Ok(())
+}
+
+fn matches_row(input: &TransferRequested, row: &TransferRow) -> bool {
+    let Ok(direction) = row.direction() else {
+        return false;
+    };
+    let amount_matches = match (parse_amount(&input.amount), parse_amount(row.amount())) {
+        (Ok(a), Ok(b)) => a.value() == b.value(),
+        _ => false,
+    };
+    row.user_id == input.user_id
+        && row.asset == input.asset
+        && amount_matches
+        && direction.source().as_str() == input.from_account
+        && direction.target().as_str() == input.to_account
+}
+
+impl Handler for CoordinatorStage {
+    type Input = TransferRequested;
+
+    fn role(&self) -> Role {
+        Role::TransferCoordinator
+    }
+
+    fn input_topic(&self) -> String {
+        self.config.topics.transfer_requests()
+    }
+
+    fn route(&self, input: &TransferRequested) -> Result<(ChainId, Signer), Rejection> {
+        check_request(input)?;
+        Ok((ChainId(0), self.subject(&input.user_id)))
+    }
+
+    fn partition_key(&self, chain_id: ChainId, signer: &Signer) -> String {
+        match self.user_of(signer) {
+            Some(user) => user,
+            None => txflow_core::kafka::signer_key(chain_id.0, signer.as_str()),
+        }
+    }
+
+    async fn handle(
+        &self,
+        w: &mut Fenced<'_>,
+        input: &TransferRequested,
+    ) -> Result<Vec<Output>, HandlerError> {
+        let Some(row) = store::load(w, &input.req_id).await? else {
+            return Err(HandlerError::Reject(Rejection::new(
+                "NOT_FOUND",
+                format!(
+                    "no transfer {} is recorded: the gateway records a transfer before it announces it",
+                    input.req_id
+                ),
+            )));
+        };
+        if !matches_row(input, &row) {
+            return Err(HandlerError::Reject(Rejection::new(
+                "MISMATCH",
+                format!(
+                    "TransferRequested {} differs from its recorded transfer",
+                    input.req_id
+                ),
+            )));
+        }
+        let state = row
+            .state()
+            .map_err(|e| HandlerError::fail("CORRUPT_TRANSFER", e.to_string()))?;
+        let token = w.lease().token().0;
+        match state {
+            TransferState::Init => {
+                if store::halted(&self.pool)
+                    .await
+                    .map_err(db("transfer halt check"))?
+                {
+                    tracing::warn!(req_id = %row.req_id, "transfers halted (conservation violation): left in INIT");
+                    return Ok(Vec::new());
+                }
+                fault::point(fault::TRANSFER_BEFORE_START);
+                match store::cas(w, &row.req_id, Transition::START_SOURCE, None).await {
+                    Ok(Cas::Moved) => Ok(vec![self.updated(
+                        &row,
+                        TransferState::SourcePending,
+                        token,
+                    )]),
+                    Ok(Cas::Skipped(_)) => Ok(Vec::new()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            // Seen before (a redelivery): the same announcement again, same event_id.
+            TransferState::SourcePending => Ok(vec![self.updated(&row, state, token)]),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
+        let users = store::stale_users(pool, self.config.stale, SCAN_LIMIT).await?;
+        Ok(users
+            .iter()
+            .map(|u| (ChainId(0), self.subject(u)))
+            .collect())
+    }
+
+    async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+        let Some(user) = self.user_of(&ctx.lease.key().signer) else {
+            return Ok(Vec::new());
+        };
+        let rows = store::open_of_user(ctx.pool, &user)
+            .await
+            .map_err(db("open transfers of a user"))?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let halted = store::halted(ctx.pool)
+            .await
+            .map_err(db("transfer halt check"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let req_id = row.req_id.clone();
+            if let Err(e) = self.drive_transfer(&ctx, row, halted, &mut out).await {
+                // What was committed is announced; the rest is resumed by the recovery worker.
+                tracing::warn!(%req_id, error = %e, "transfer drive stopped");
+                if matches!(e, HandlerError::LeaseLost(_)) {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
