@@ -95,12 +95,15 @@ pub async fn runtime(
 /// Runs the role on `deps` until `shutdown`.
 pub async fn run_until(deps: &Deps, shutdown: CancellationToken) -> Result<(), CoordinatorError> {
     let rt = runtime(deps, deps.config.node(), deps.config.lease()).await?;
-    let check = conservation::Conservation::new(deps.pool.clone(), rt.handler().spot());
+    let spot = rt.handler().spot();
+    let check = conservation::Conservation::new(deps.pool.clone(), spot.clone());
     let every = CoordinatorConfig::from_config(&deps.config).check_interval;
     let checking = tokio::spawn(check.run(every, shutdown.child_token()));
     let ran = rt.run(shutdown.clone()).await.map_err(RoleError::from);
     shutdown.cancel();
     let _ = checking.await;
+    // The reply reader's consumer is dropped before the process exits (see `SpotAdapter::close`).
+    spot.close().await;
     ran?;
     Ok(())
 }

@@ -210,23 +210,39 @@ impl Inner {
 /// The SPOT adapter. Share one per process (`Arc` or `&`): calls run concurrently.
 pub struct SpotAdapter {
     inner: Arc<Inner>,
-    reader: tokio::task::JoinHandle<()>,
+    /// The reply reader; taken by [`SpotAdapter::close`].
+    reader: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl SpotAdapter {
     /// Stops the reply reader and waits until its consumer is dropped. Call it before the
     /// process ends: a librdkafka consumer still being torn down on a runtime thread while the
     /// process exits can crash it (`txflow demo` ended with SIGSEGV about one run in four when the
-    /// adapter was only dropped).
-    pub async fn close(mut self) {
-        self.reader.abort();
-        let _ = (&mut self.reader).await;
+    /// adapter was only dropped). Calls made afterwards get no reply (UNKNOWN); a second close
+    /// does nothing.
+    pub async fn close(&self) {
+        let reader = self
+            .reader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(reader) = reader {
+            reader.abort();
+            let _ = reader.await;
+        }
     }
 }
 
 impl Drop for SpotAdapter {
     fn drop(&mut self) {
-        self.reader.abort();
+        let reader = self
+            .reader
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(reader) = reader {
+            reader.abort();
+        }
     }
 }
 
@@ -284,7 +300,10 @@ impl SpotAdapter {
             waiters: Mutex::new(HashMap::new()),
         });
         let reader = tokio::spawn(read_replies(consumer, inner.clone()));
-        Ok(SpotAdapter { inner, reader })
+        Ok(SpotAdapter {
+            inner,
+            reader: std::sync::Mutex::new(Some(reader)),
+        })
     }
 
     /// The asset rules in force (a copy).

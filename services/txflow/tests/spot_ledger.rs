@@ -471,8 +471,11 @@ async fn spot_ledger_kill_9_in_a_loop_loses_and_doubles_nothing() {
         let user = users[rng.below(users.len() as u64) as usize];
         let asset = if rng.below(3) == 0 { "BTC" } else { "USDT" };
         let amount = format!("{}.{:06}", rng.below(50) + 1, rng.below(1_000_000));
-        // Mostly credits; debits may find the funds or not.
-        let op = if rng.below(3) == 0 {
+        // Mostly credits; debits may find the funds or not. Only credits before the first kill:
+        // the first fault (`spot.after_wal@3`) then interrupts a command that was applied, whose
+        // answer from the log is ALREADY_APPLIED (a rejected one's is the same REJECTED again,
+        // which the test could not tell from a first answer).
+        let op = if i >= 40 && rng.below(3) == 0 {
             SpotOp::Debit
         } else {
             SpotOp::Credit
@@ -487,6 +490,19 @@ async fn spot_ledger_kill_9_in_a_loop_loses_and_doubles_nothing() {
         }
         if i % 10 == 9 {
             tokio::time::sleep(Duration::from_millis(rng.below(60))).await;
+        }
+        if i == 39 {
+            // The first run has met its fault (the 3rd record) before it can be killed: all of
+            // the credits so far answered.
+            wait_until(
+                "the first commands answered",
+                Duration::from_secs(300),
+                || async {
+                    sent.iter()
+                        .all(|c| !b.replies_to(&c.req_id, c.op).is_empty())
+                },
+            )
+            .await;
         }
         if i % 40 == 39 {
             ledger.kill_9().await;
