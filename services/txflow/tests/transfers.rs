@@ -936,3 +936,32 @@ async fn an_asset_listed_after_the_coordinator_started_moves_without_a_restart()
         Some(d("0.5"))
     );
 }
+
+/// SIGTERM (what a supervisor sends) stops a coordinator that has been talking to the spot
+/// ledger with exit status 0, every time: its SPOT adapter's reply reader is stopped before the
+/// process exits (a librdkafka consumer torn down while the process exits could end it with
+/// SIGSEGV). Several rounds, each with a transfer through both ledgers first.
+#[tokio::test]
+async fn a_coordinator_stops_cleanly_on_sigterm_after_moving_transfers() {
+    let mut rig = Rig::new().await;
+    rig.funding("kim", "100", "ACTIVE").await;
+    for round in 0..4 {
+        let i = rig.start_coordinator(&format!("coord-term-{round}"), None);
+        let t = rig.transfer("kim", "FUNDING", "SPOT", "1").await;
+        assert_eq!(rig.reaches(&t, TransferState::Committed).await, None);
+        let child = &mut rig.coordinators[i];
+        let pid = child.id().expect("the coordinator runs");
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success());
+        let status = tokio::time::timeout(LONG, child.wait())
+            .await
+            .expect("the coordinator stops within the deadline of SIGTERM")
+            .expect("wait for the coordinator");
+        assert!(status.success(), "round {round}: {status:?}");
+    }
+    assert_eq!(rig.funding_balance("kim").await, d("96"));
+    assert_eq!(rig.spot_balance("kim").await, d("4"));
+}
