@@ -221,11 +221,7 @@ impl SpotAdapter {
     /// adapter was only dropped). Calls made afterwards get no reply (UNKNOWN); a second close
     /// does nothing.
     pub async fn close(&self) {
-        let reader = self
-            .reader
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let reader = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(reader) = reader {
             reader.abort();
             let _ = reader.await;
