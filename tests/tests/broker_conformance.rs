@@ -385,3 +385,57 @@ async fn characterize_restart_loses_every_topic() {
         "the memory broker kept {topic} across a restart: a durable broker would; update ARCHITECTURE.md"
     );
 }
+
+/// The replicas of each partition of `topic`, as the broker's metadata lists them.
+fn replicas(settings: &txflow_core::kafka::KafkaSettings, topic: &str) -> Vec<Vec<i32>> {
+    let c = group_consumer(settings, &unique("replicas"));
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let t = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .expect("topic in the answer");
+    assert!(t.error().is_none(), "{topic}: {:?}", t.error());
+    t.partitions()
+        .iter()
+        .map(|p| p.replicas().to_vec())
+        .collect()
+}
+
+#[tokio::test]
+async fn characterize_replication_factor_above_the_broker_count_is_accepted() {
+    let mut settings = kafka_settings();
+    let single = TestTopics::create(&settings, "replicas1", 1, 1).await;
+    assert_eq!(
+        replicas(&settings, single.name(0))
+            .iter()
+            .map(Vec::len)
+            .collect::<Vec<_>>(),
+        [1],
+        "the default replication factor is 1"
+    );
+
+    settings.replication_factor = 2;
+    let topics = TestTopics::create(&settings, "replicas2", 1, 2).await;
+    let topic = topics.name(0);
+    let got = replicas(&settings, topic);
+    // Correct behaviour (Apache Kafka): a single broker refuses two replicas
+    // (INVALID_REPLICATION_FACTOR), and `ensure_topics` fails with that code. tansu accepts
+    // them and lists its one broker twice: the factor reaches the broker, nothing replicates.
+    assert_eq!(got.len(), 2, "{got:?}");
+    for r in &got {
+        assert!(
+            r.len() == 2 && r[0] == r[1],
+            "tansu's replica placement changed (correct: the creation is refused): {got:?}; update ARCHITECTURE.md"
+        );
+    }
+
+    // A topic that exists keeps its replicas whatever the setting says now.
+    settings.replication_factor = 3;
+    txflow_core::kafka::ensure_topics(&settings, &topics.names, 2)
+        .await
+        .expect("an existing topic is left alone");
+    assert_eq!(replicas(&settings, topic), got);
+}

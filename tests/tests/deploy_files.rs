@@ -607,6 +607,10 @@ fn the_deploy_files_configure_txflow_with_settings_it_knows() {
         .expect("deploy/k8s/txflow.toml loads");
     assert_eq!(k8s.gateway.addr, "0.0.0.0:8080", "the gateway's address");
     assert_eq!(
+        k8s.kafka.replication_factor, 3,
+        "a topic txflow creates on the production cluster is replicated"
+    );
+    assert_eq!(
         k8s.spot_wal_dir,
         PathBuf::from("/var/lib/txflow/spot"),
         "the spot ledger's log directory: spot-ledger.yaml mounts its volume there"

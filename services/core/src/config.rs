@@ -14,9 +14,9 @@ use crate::retry::{Classify, Retry};
 pub struct Config {
     /// `TXFLOW_DATABASE_URL`
     pub database_url: String,
-    /// `TXFLOW_BROKERS`, `TXFLOW_FETCH_WAIT_MAX_MS` and the consumer group settings
-    /// `TXFLOW_GROUP_SESSION_TIMEOUT_MS`, `TXFLOW_GROUP_HEARTBEAT_MS`, `TXFLOW_GROUP_INSTANCE_ID`
-    /// (see [`KafkaSettings`]).
+    /// `TXFLOW_BROKERS`, `TXFLOW_FETCH_WAIT_MAX_MS`, `TXFLOW_TOPIC_REPLICATION_FACTOR` and the
+    /// consumer group settings `TXFLOW_GROUP_SESSION_TIMEOUT_MS`, `TXFLOW_GROUP_HEARTBEAT_MS`,
+    /// `TXFLOW_GROUP_INSTANCE_ID` (see [`KafkaSettings`]).
     pub kafka: KafkaSettings,
     /// `TXFLOW_SCHEMA_REGISTRY_URL`
     pub schema_registry_url: String,
@@ -487,6 +487,18 @@ impl Config {
                 value: v.clone(),
                 why: "expected milliseconds as a whole number",
             })?;
+        }
+        if let Some(v) = lookup("TXFLOW_TOPIC_REPLICATION_FACTOR") {
+            c.kafka.replication_factor = match v.parse::<i32>() {
+                Ok(n) if n >= 1 => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_TOPIC_REPLICATION_FACTOR",
+                        value: v,
+                        why: "expected a whole number of replicas, at least 1",
+                    });
+                }
+            };
         }
         if let Some(v) = lookup("TXFLOW_SCHEMA_REGISTRY_URL") {
             c.schema_registry_url = v;
@@ -1421,6 +1433,25 @@ mod tests {
             let err = Config::from_lookup(|k| (k == var).then(|| bad.into()))
                 .expect_err("an invalid value");
             assert!(err.to_string().contains(var), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_topic_replication_factor_follows_the_environment_and_is_at_least_one() {
+        assert_eq!(Config::default().kafka.replication_factor, 1);
+        let c =
+            Config::from_lookup(|k| (k == "TXFLOW_TOPIC_REPLICATION_FACTOR").then(|| "3".into()))
+                .expect("valid");
+        assert_eq!(c.kafka.replication_factor, 3);
+        for bad in ["0", "-1", "x"] {
+            let err = Config::from_lookup(|k| {
+                (k == "TXFLOW_TOPIC_REPLICATION_FACTOR").then(|| bad.into())
+            })
+            .expect_err("an invalid replication factor");
+            assert!(
+                matches!(&err, ConfigError::Invalid { var: "TXFLOW_TOPIC_REPLICATION_FACTOR", value, .. } if value == bad),
+                "{bad}: {err:?}"
+            );
         }
     }
 

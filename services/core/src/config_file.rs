@@ -21,6 +21,10 @@ pub const KEYS: &[(&str, &str)] = &[
     ("database.url", "TXFLOW_DATABASE_URL"),
     ("kafka.brokers", "TXFLOW_BROKERS"),
     ("kafka.fetch_wait_max_ms", "TXFLOW_FETCH_WAIT_MAX_MS"),
+    (
+        "kafka.replication_factor",
+        "TXFLOW_TOPIC_REPLICATION_FACTOR",
+    ),
     ("kafka.group_prefix", "TXFLOW_GROUP_PREFIX"),
     (
         "kafka.session_timeout_ms",
@@ -132,6 +136,7 @@ pub struct DatabaseSection {
 pub struct KafkaSection {
     pub brokers: Option<String>,
     pub fetch_wait_max_ms: Option<u32>,
+    pub replication_factor: Option<i32>,
     pub group_prefix: Option<String>,
     pub session_timeout_ms: Option<u32>,
     pub heartbeat_interval_ms: Option<u32>,
@@ -376,12 +381,16 @@ impl ConfigFile {
             p.to_string_lossy().into_owned()
         }
         let s = self;
-        let values: [(&'static str, Option<String>); 35] = [
+        let values: [(&'static str, Option<String>); 36] = [
             ("TXFLOW_DATABASE_URL", s.database.url.clone()),
             ("TXFLOW_BROKERS", s.kafka.brokers.clone()),
             (
                 "TXFLOW_FETCH_WAIT_MAX_MS",
                 s.kafka.fetch_wait_max_ms.map(|v| v.to_string()),
+            ),
+            (
+                "TXFLOW_TOPIC_REPLICATION_FACTOR",
+                s.kafka.replication_factor.map(|v| v.to_string()),
             ),
             ("TXFLOW_GROUP_PREFIX", s.kafka.group_prefix.clone()),
             (
@@ -658,6 +667,7 @@ impl ConfigFile {
             kafka: KafkaSection {
                 brokers: Some(kafka.brokers.clone()),
                 fetch_wait_max_ms: Some(kafka.fetch_wait_max_ms),
+                replication_factor: Some(kafka.replication_factor),
                 group_prefix: group_prefix.clone(),
                 session_timeout_ms: Some(kafka.session_timeout_ms),
                 heartbeat_interval_ms: Some(kafka.heartbeat_interval_ms),
@@ -864,6 +874,32 @@ mod tests {
     }
 
     #[test]
+    fn the_topic_replication_factor_is_a_file_key_under_the_environment() {
+        let file = TempFile::new("[kafka]\nreplication_factor = 3\n");
+        let c = Config::load(Some(&file.0), env(&[])).expect("valid");
+        assert_eq!(c.kafka.replication_factor, 3);
+        let c = Config::load(
+            Some(&file.0),
+            env(&[("TXFLOW_TOPIC_REPLICATION_FACTOR", "2")]),
+        )
+        .expect("valid");
+        assert_eq!(
+            c.kafka.replication_factor, 2,
+            "the environment is above the file"
+        );
+        let shown = c.to_toml_redacted().expect("printable");
+        assert!(shown.contains("replication_factor = 2"), "{shown}");
+
+        let err = parse("[kafka]\nreplication_factor = 0\n")
+            .and_then(|f| f.apply(&mut Config::default()))
+            .expect_err("no replica");
+        assert!(
+            matches!(&err, ConfigError::InvalidKey { key: "kafka.replication_factor", value, .. } if value == "0"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
     fn spot_keys_are_set_by_the_file_and_overridden_by_the_environment() {
         let file = TempFile::new("[spot]\nwal_dir = \"/file/wal\"\nassets = \"EUR:2,BTC:8\"\n");
         let c = Config::load(Some(&file.0), env(&[])).expect("valid");
@@ -961,6 +997,10 @@ mod tests {
         for (text, key) in [
             ("[lease]\nduration_ms = 10\n", "lease.duration_ms"),
             ("[topics]\npartitions = 0\n", "topics.partitions"),
+            (
+                "[kafka]\nreplication_factor = 0\n",
+                "kafka.replication_factor",
+            ),
             ("[topics]\nprefix = \"a b\"\n", "topics.prefix"),
             ("[node]\nname = \"\"\n", "node.name"),
             (

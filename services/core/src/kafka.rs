@@ -50,6 +50,15 @@ pub struct KafkaSettings {
     /// holds every static JoinGroup and SyncGroup for 3 s and, in a chaos run here (kill -9 every
     /// 4 s), left groups with no member assigned for the rest of the run (over 5 minutes).
     pub group_instance_id: Option<String>,
+    /// Replication factor of the topics txflow creates (`kafka.replication_factor`,
+    /// `TXFLOW_TOPIC_REPLICATION_FACTOR`, default 1), at least 1. The default suits a single
+    /// broker, such as the local tansu; on an Apache Kafka cluster in production use at least 3,
+    /// with `min.insync.replicas` at 2: the producer uses `acks=all`, so a write then survives
+    /// the loss of a broker. Apache Kafka refuses a factor above its broker count
+    /// (`InvalidReplicationFactor`); tansu accepts any and lists its one broker as every replica
+    /// (`tests/tests/broker_conformance.rs`). It applies only to the topics [`ensure_topics`]
+    /// creates: a topic that already exists is left as it is.
+    pub replication_factor: i32,
 }
 
 /// The default session timeout: the lowest a stock Apache Kafka broker accepts.
@@ -66,6 +75,7 @@ impl KafkaSettings {
             session_timeout_ms: DEFAULT_SESSION_TIMEOUT_MS,
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             group_instance_id: None,
+            replication_factor: 1,
         }
     }
 
@@ -266,7 +276,8 @@ impl Classify for TopicAdminError {
     }
 }
 
-/// Creates `topics` with `partitions` partitions each; topics that already exist are left alone.
+/// Creates `topics` with `partitions` partitions and `settings.replication_factor` replicas each;
+/// topics that already exist are left alone (their partitions and replicas unchanged).
 pub async fn ensure_topics(
     settings: &KafkaSettings,
     topics: &[String],
@@ -278,7 +289,13 @@ pub async fn ensure_topics(
         .map_err(TopicAdminError::Client)?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+        .map(|t| {
+            NewTopic::new(
+                t,
+                partitions,
+                TopicReplication::Fixed(settings.replication_factor),
+            )
+        })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results = admin
