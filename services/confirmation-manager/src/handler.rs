@@ -568,14 +568,15 @@ impl ConfirmStage {
                     event.tx_hash = h;
                 }
                 let m = t.count_move();
+                // The announced list is written by the move itself (one version of the row).
                 w.push(
                     m,
                     MoveRow {
                         receipt,
+                        confirmations: Some((json("confirmations", &a.list)?, required)),
                         ..MoveRow::new(tx_id, id, json("TxConfirmationsUpdated", &event)?)
                     },
                 );
-                w.book(tx_id).announced = Some(json("confirmations", &a.list)?);
                 if a.new_fork {
                     w.new_forks.push((tx_id, m));
                 }

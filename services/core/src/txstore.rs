@@ -8,8 +8,9 @@
 //! - [`apply`]: a named [`Move`] for many rows at once (`UNNEST` arrays, the fence as a join on
 //!   `signer_lease`, `RETURNING` to learn which rows moved). A move to FAILED from a state that
 //!   holds a nonce releases it to `recycled_nonces` in the same statement. A row's side data
-//!   ([`MoveRow`]) is written in the same statement: nonce, payload, failure, approver, and the
-//!   receipt columns ([`ReceiptWrite`]: set, cleared to NULL, or kept).
+//!   ([`MoveRow`]) is written in the same statement: nonce, payload, failure, approver, the
+//!   receipt columns ([`ReceiptWrite`]: set, cleared to NULL, or kept) and the confirmation
+//!   manager's announced list.
 //!
 //! Both answer `Fenced` when the lease is not current (a sentinel row tells a fenced statement
 //! from one whose rows were all in another state), and otherwise the rows that landed.
@@ -105,6 +106,10 @@ pub struct MoveRow {
     /// `mined_block_hash`): nothing ([`ReceiptWrite::Keep`], the default), a receipt (MINE,
     /// REVERT) or NULL (REORG, REPLACE).
     pub receipt: ReceiptWrite,
+    /// The confirmation manager's announced list (`managed_tx.confirmations`) with the
+    /// confirmations required (`required_confirmations`), written by the move itself, so that an
+    /// announcement costs one version of the row, not two; `None` keeps both.
+    pub confirmations: Option<(serde_json::Value, i32)>,
 }
 
 /// What a move writes to `managed_tx.receipt`, `mined_block_number` and `mined_block_hash`,
@@ -164,6 +169,7 @@ impl MoveRow {
             approved_by: None,
             expect_nonce: None,
             receipt: ReceiptWrite::Keep,
+            confirmations: None,
         }
     }
 }
@@ -266,6 +272,14 @@ pub async fn apply(
         block_numbers.push(number);
         block_hashes.push(hash);
     }
+    let lists: Vec<Option<serde_json::Value>> = rows
+        .iter()
+        .map(|r| r.confirmations.as_ref().map(|(l, _)| l.clone()))
+        .collect();
+    let required: Vec<Option<i32>> = rows
+        .iter()
+        .map(|r| r.confirmations.as_ref().map(|(_, n)| *n))
+        .collect();
     let audit = audit(19);
     // The state each row left (for `fsm.transition{from,to}`): known when the move has one
     // `from`; otherwise read from a second reference to the row, which the statement sees as
@@ -280,10 +294,11 @@ pub async fn apply(
         "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
          u AS (SELECT * FROM unnest($6::uuid[], $7::uuid[], $8::text[], $9::jsonb[], $10::bigint[],
                                     $11::jsonb[], $12::text[], $13::text[], $14::text[], $15::bigint[],
-                                    $20::boolean[], $21::jsonb[], $22::bigint[], $23::text[])
+                                    $20::boolean[], $21::jsonb[], $22::bigint[], $23::text[],
+                                    $24::jsonb[], $25::int4[])
                  AS u(tx_id, event_id, event_type, event, nonce, payload, failure_code,
                       failure_reason, approved_by, expect_nonce, receipt_write, receipt,
-                      mined_block_number, mined_block_hash)),
+                      mined_block_number, mined_block_hash, confirmations, required)),
          landed AS (
              UPDATE managed_tx m SET
                  state = $16,
@@ -302,6 +317,8 @@ pub async fn apply(
                                               ELSE m.next_receipt_check_at END,
                  receipt_stale_since = CASE WHEN u.receipt_write THEN NULL
                                             ELSE m.receipt_stale_since END,
+                 confirmations = coalesce(u.confirmations, m.confirmations),
+                 required_confirmations = coalesce(u.required, m.required_confirmations),
                  nonce_released = m.nonce_released OR $18,
                  fencing_token = $5,
                  updated_at = now()
@@ -338,6 +355,8 @@ pub async fn apply(
                 .bind(receipts)
                 .bind(block_numbers)
                 .bind(block_hashes)
+                .bind(lists)
+                .bind(required)
         })
         .await?;
     count_transitions(m, &out);
