@@ -140,7 +140,8 @@ fn bind_fence_as<'q, T>(
         .bind(l.token.0)
 }
 
-/// Run at the start of every fenced transaction (one round trip, settings local to it): the idle
+/// Run at the start of every batch transaction, and (with the first check of the lease, in the same
+/// round trip) of every fenced transaction; settings local to the transaction: the idle
 /// timeout ([`idle_timeout_ms`]), and custom plans for its statements. The batch statements of `txstore` join
 /// `unnest`ed arrays to `managed_tx`; a prepared statement's generic plan (PostgreSQL's choice from
 /// the sixth execution on) assumes 10 array elements whatever the batch and keeps the plan it
@@ -182,21 +183,25 @@ impl HeldLease {
         })?;
         // Twice the lease: an owner paused that long has lost its lease, and its session (with any
         // row locks it holds) is ended by PostgreSQL so that the new owner is not blocked.
+        // The settings and the first check of the lease in one round trip.
         let timeout = idle_timeout_ms(self);
-        sqlx::query(SET_IDLE_TIMEOUT)
+        let sql = format!(
+            "SELECT set_config('idle_in_transaction_session_timeout', $6, true),
+                    set_config('plan_cache_mode', 'force_custom_plan', true),
+                    {FENCE_PREDICATE} AS current"
+        );
+        let (_, _, current): (String, String, bool) = bind_fence_as(self, sqlx::query_as(&sql))
             .bind(timeout.to_string())
-            .execute(&mut *tx)
+            .fetch_one(&mut *tx)
             .await
-            .map_err(|source| FenceError::Db {
-                operation: op,
-                source,
-            })?;
-        let mut fenced = FencedTx {
+            .map_err(|source| db_error(self, op, source))?;
+        if !current {
+            return Err(fenced_error(self, op));
+        }
+        Ok(FencedTx {
             tx,
             lease: self.clone(),
-        };
-        fenced.check(op, false).await?;
-        Ok(fenced)
+        })
     }
 }
 
