@@ -33,6 +33,14 @@ impl TestTopics {
         }
     }
 
+    /// Topics created by someone else (a process under test), deleted on drop.
+    pub fn delete_on_drop(settings: &KafkaSettings, names: Vec<String>) -> TestTopics {
+        TestTopics {
+            names,
+            settings: settings.clone(),
+        }
+    }
+
     pub fn name(&self, i: usize) -> &str {
         &self.names[i]
     }

@@ -218,18 +218,13 @@ impl FencedTx {
         }
     }
 
-    /// Verifies the lease in this transaction; with `lock`, also takes a share lock on the lease
-    /// row so that it cannot change before this transaction ends.
-    async fn check(&mut self, operation: &'static str, lock: bool) -> Result<(), FenceError> {
-        let sql = if lock {
-            "SELECT 1 FROM signer_lease fence WHERE fence.role = $1 AND fence.chain_id = $2 \
+    /// Verifies the lease in this transaction and takes a share lock on the lease row, so that it
+    /// cannot change before this transaction ends (the check at commit; the one at `begin` is in
+    /// its settings statement).
+    async fn check_locked(&mut self, operation: &'static str) -> Result<(), FenceError> {
+        let sql = "SELECT 1 FROM signer_lease fence WHERE fence.role = $1 AND fence.chain_id = $2 \
              AND fence.signer = $3 AND fence.owner_node = $4 AND fence.fencing_token = $5 \
-             AND fence.expires_at > clock_timestamp() FOR SHARE"
-        } else {
-            "SELECT 1 FROM signer_lease fence WHERE fence.role = $1 AND fence.chain_id = $2 \
-             AND fence.signer = $3 AND fence.owner_node = $4 AND fence.fencing_token = $5 \
-             AND fence.expires_at > clock_timestamp()"
-        };
+             AND fence.expires_at > clock_timestamp() FOR SHARE";
         let found = bind_fence(&self.lease, sqlx::query(sql))
             .fetch_optional(&mut *self.tx)
             .await
@@ -243,7 +238,7 @@ impl FencedTx {
     /// Commits, after checking once more (under a share lock on the lease row) that the lease is
     /// current. On `Fenced` nothing of this transaction is applied.
     pub async fn commit(mut self) -> Result<(), FenceError> {
-        self.check("commit", true).await?;
+        self.check_locked("commit").await?;
         let FencedTx { tx, lease } = self;
         tx.commit()
             .await

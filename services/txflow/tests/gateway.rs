@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use txflow_core::codec::RegistryCodec;
 use txflow_core::events::{Event, TransferRequested, TxCommand, TxCommandKind, TxRequest};
-use txflow_core::kafka::{Topics, delete_topics, signer_key};
-use txflow_tests::{TestDb, free_port, spawn_child, unique, wait_for};
+use txflow_core::kafka::{Topics, signer_key};
+use txflow_tests::{TestDb, TestTopics, free_port, spawn_child, unique, wait_for};
 
 /// The chain the test gateways serve, and the partitions of their topics.
 const CHAIN_ID: i64 = 31337;
@@ -125,26 +125,8 @@ struct Gateway {
     client: reqwest::Client,
     topics: Topics,
     _child: Child,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let t = &self.topics;
-        let names = vec![t.transfer_requests(), t.tx_requests(), t.tx_commands()];
-        let settings = txflow_tests::kafka_settings();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(async {
-                tokio::time::timeout(Duration::from_secs(10), delete_topics(&settings, &names))
-                    .await
-                    .ok()
-            })
-        })
-        .join();
-    }
+    /// Deletes the gateway's topics when the test ends.
+    _topics_cleanup: TestTopics,
 }
 
 impl Gateway {
@@ -178,6 +160,14 @@ impl Gateway {
                 .timeout(Duration::from_secs(20))
                 .build()
                 .expect("http client"),
+            _topics_cleanup: TestTopics::delete_on_drop(
+                &txflow_tests::kafka_settings(),
+                vec![
+                    topics.transfer_requests(),
+                    topics.tx_requests(),
+                    topics.tx_commands(),
+                ],
+            ),
             topics,
             _child: child,
         };

@@ -13,6 +13,8 @@
 //! - outside movements (`external`) and `read_balance`: the balance and the net of the outside
 //!   movements, transfer legs apart, and the net after `kill -9` and a restart.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -80,20 +82,11 @@ impl Bench {
     }
 
     fn start_ledger(&mut self) {
-        let s = kafka_settings();
         let log = std::env::temp_dir().join(format!("{}.log", unique("spotad-ledger")));
         let file = std::fs::File::create(&log).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_txflow"));
         cmd.arg("spot-ledger")
-            .env("TXFLOW_BROKERS", s.brokers)
-            .env("TXFLOW_SCHEMA_REGISTRY_URL", registry_url())
-            .env("TXFLOW_TOPIC_PREFIX", &self.topics.prefix)
-            .env("TXFLOW_PARTITIONS", "2")
-            .env("TXFLOW_SPOT_WAL_DIR", &self.wal_dir)
-            .env("TXFLOW_SPOT_ASSETS", "USDT:6,BTC:8")
-            // A killed member's partitions come back soon on the local broker.
-            .env("TXFLOW_GROUP_SESSION_TIMEOUT_MS", "2000")
-            .env("TXFLOW_GROUP_HEARTBEAT_MS", "400")
+            .envs(common::spot_ledger_env(&self.topics.prefix, &self.wal_dir))
             .env("TXFLOW_LOG", "info")
             .env_remove("TXFLOW_FAULT")
             .stdout(Stdio::null())

@@ -96,21 +96,7 @@ impl Bench {
 
     /// The environment of a `txflow spot-ledger` process on this bench.
     fn env(&self) -> Vec<(String, String)> {
-        let s = kafka_settings();
-        vec![
-            ("TXFLOW_BROKERS".into(), s.brokers),
-            ("TXFLOW_SCHEMA_REGISTRY_URL".into(), registry_url().into()),
-            ("TXFLOW_TOPIC_PREFIX".into(), self.topics.prefix.clone()),
-            ("TXFLOW_PARTITIONS".into(), "2".into()),
-            (
-                "TXFLOW_SPOT_WAL_DIR".into(),
-                self.wal_dir.display().to_string(),
-            ),
-            ("TXFLOW_SPOT_ASSETS".into(), "USDT:6,BTC:8".into()),
-            // A killed member's partitions come back soon on the local broker.
-            ("TXFLOW_GROUP_SESSION_TIMEOUT_MS".into(), "2000".into()),
-            ("TXFLOW_GROUP_HEARTBEAT_MS".into(), "400".into()),
-        ]
+        common::spot_ledger_env(&self.topics.prefix, &self.wal_dir)
     }
 
     /// A `txflow spot-ledger` process of the test's own, its stderr in `log`.

@@ -4,6 +4,8 @@
 //! `transfer.requests` as the gateway does; outcomes are checked where they are true: the
 //! `transfers` row, the FUNDING balances in PostgreSQL, the SPOT balances asked of the ledger.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -95,25 +97,17 @@ impl Rig {
     }
 
     fn command(&self, role: &str, name: &str) -> Command {
-        let s = kafka_settings();
         let log = std::env::temp_dir().join(format!("{}.log", unique(&format!("xfer-{name}"))));
         let file = std::fs::File::create(&log).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_txflow"));
         cmd.arg(role)
+            .envs(common::spot_ledger_env(&self.topics.prefix, &self.wal_dir))
             .env("TXFLOW_DATABASE_URL", &self.db.url)
-            .env("TXFLOW_BROKERS", s.brokers)
-            .env("TXFLOW_SCHEMA_REGISTRY_URL", registry_url())
-            .env("TXFLOW_TOPIC_PREFIX", &self.topics.prefix)
-            .env("TXFLOW_PARTITIONS", "2")
-            .env("TXFLOW_SPOT_WAL_DIR", &self.wal_dir)
-            .env("TXFLOW_SPOT_ASSETS", "USDT:6,BTC:8")
             .env("TXFLOW_SPOT_TIMEOUT_MS", "1500")
             .env("TXFLOW_TRANSFER_STALE_MS", "400")
             .env("TXFLOW_TRANSFER_CHECK_INTERVAL_MS", "300")
             .env("TXFLOW_LEASE_MS", "3000")
             .env("TXFLOW_NODE_NAME", name)
-            .env("TXFLOW_GROUP_SESSION_TIMEOUT_MS", "2000")
-            .env("TXFLOW_GROUP_HEARTBEAT_MS", "400")
             .env("TXFLOW_LOG", "info")
             .env_remove("TXFLOW_FAULT")
             .stdout(Stdio::null())

@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 use txflow_tests::pipeline::Pipeline;
-use txflow_tests::{spawn_child, unique, wait_until};
+use txflow_tests::{kafka_settings, registry_url, spawn_child, unique, wait_until};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -280,4 +280,24 @@ pub async fn expire_lease(p: &Pipeline, role: &str, token: i64) {
     .execute(&p.db.pool)
     .await
     .expect("steal the lease");
+}
+
+/// The environment of a `txflow spot-ledger` process (and of the roles that talk to it) on
+/// topics under `prefix` with 2 partitions, its write-ahead log in `wal_dir`, assets USDT (6
+/// places) and BTC (8), and a short group session so that a killed member's partitions come back
+/// soon on the local broker.
+pub fn spot_ledger_env(prefix: &str, wal_dir: &Path) -> Vec<(String, String)> {
+    [
+        ("TXFLOW_BROKERS", kafka_settings().brokers),
+        ("TXFLOW_SCHEMA_REGISTRY_URL", registry_url().to_string()),
+        ("TXFLOW_TOPIC_PREFIX", prefix.to_string()),
+        ("TXFLOW_PARTITIONS", "2".to_string()),
+        ("TXFLOW_SPOT_WAL_DIR", wal_dir.display().to_string()),
+        ("TXFLOW_SPOT_ASSETS", "USDT:6,BTC:8".to_string()),
+        ("TXFLOW_GROUP_SESSION_TIMEOUT_MS", "2000".to_string()),
+        ("TXFLOW_GROUP_HEARTBEAT_MS", "400".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
