@@ -1,22 +1,29 @@
-//! Plans of the batch writes (issue 15, one hot signer). The fenced, set-based statements of
-//! `txstore` join `unnest`ed arrays to `managed_tx`. sqlx prepares every statement, and from the
-//! sixth execution PostgreSQL may use a generic plan, which assumes 10 elements for every array
-//! whatever the batch and keeps the statistics of the moment: for one hot signer it joined each
-//! row of a 500-row move to a rescan of the whole array and read the signer's history through its
-//! request index (`txflow bench --scenario allocate` fell from 5,771 to 2,278 nonces/s over three
-//! runs of 20,000). So every fenced transaction runs with `plan_cache_mode = force_custom_plan`
-//! (`FencedTx::begin`, `BatchTx::begin`), and every execution is planned for its own batch.
+//! Plans of the batch writes (issue 15). The fenced, set-based statements of `txstore` join
+//! `unnest`ed arrays to `managed_tx`. sqlx prepares every statement, and PostgreSQL may plan a
+//! prepared statement once for any parameters (a generic plan), assuming 10 elements for every
+//! array and the table as it was then. For one hot signer such a plan once joined each row of a
+//! 500-row move to a rescan of the whole array and read the signer's history through its request
+//! index (`txflow bench --scenario allocate` fell from 5,771 to 2,278 nonces/s over three runs of
+//! 20,000), and a plan made on the empty table scanned all of it for every row later.
 //!
-//! Asserted from the plans `auto_explain` reports for each execution on one connection, never
-//! from timings: each of the batch moves, the sixth and later ones too, was planned with its real
-//! number of rows, and no node over the batch's array ran more than once (the quadratic shape).
+//! Now a batch transaction (`BatchTx`, where the allocator's `create` runs) plans every execution
+//! for its own batch, and a fenced transaction (a drive, where the moves run) uses generic plans
+//! made once, whose statements are written to have one good shape whatever the table
+//! (`fenced::FENCED_SETTINGS`). Asserted from the plans `auto_explain` reports for each execution
+//! on one connection, from a table that starts empty, never from timings: `create`, the sixth and
+//! later executions too, was planned with its real number of rows; the drive's move was planned
+//! once, generically, and reaches `managed_tx` by primary key only; and no node over a batch's
+//! array ran more than once (the quadratic shape).
 
 use txflow_tests::notices::Notices;
 
 use serde_json::{Value, json};
 use sqlx::Executor;
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use std::time::Duration;
+
 use txflow_core::domain::{ChainId, NodeId, Role, Signer};
+use txflow_core::fenced::BatchTx;
 use txflow_core::lease::{Acquisition, LeaseConfig, LeaseManager};
 use txflow_core::state::SIMULATE;
 use txflow_core::txstore::{self, Audit, Kind, MoveRow, NewTx};
@@ -74,7 +81,7 @@ async fn explaining_pool(url: &str) -> PgPool {
 }
 
 #[tokio::test]
-async fn every_batch_move_is_planned_for_its_own_batch() {
+async fn batch_writes_keep_one_good_plan_shape_from_an_empty_table_on() {
     use tracing_subscriber::layer::SubscriberExt;
     let notices = Notices::default();
     // This thread's only: the test runs on a current-thread runtime.
@@ -114,16 +121,22 @@ async fn every_batch_move_is_planned_for_its_own_batch() {
                 },
             })
             .collect();
-        let mut tx = lease.begin(&pool).await.expect("begin");
-        let created = txstore::create(&mut tx.writer(), &rows)
+        // As the allocator records a batch: a batch transaction, a savepoint for the signer.
+        let mut batch = BatchTx::begin(&pool, Duration::from_secs(30))
+            .await
+            .expect("begin batch");
+        let mut scope = batch.signer(&lease).await.expect("signer scope");
+        let created = txstore::create(&mut scope.writer(), &rows)
             .await
             .expect("create");
-        tx.commit().await.expect("commit");
+        scope.keep().await.expect("keep");
+        batch.commit().await.expect("commit batch");
         assert_eq!(created.len(), BATCH);
         let moves: Vec<MoveRow> = created
             .iter()
             .map(|id| MoveRow::new(*id, Uuid::new_v4(), json!({})))
             .collect();
+        // As a drive moves them: a fenced transaction.
         let mut tx = lease.begin(&pool).await.expect("begin");
         let landed = txstore::apply_all(&mut tx.writer(), SIMULATE, &moves)
             .await
@@ -133,9 +146,12 @@ async fn every_batch_move_is_planned_for_its_own_batch() {
     }
 
     let plans: Vec<(String, Value)> = notices.take().iter().filter_map(|n| explained(n)).collect();
-    for (what, marker) in [
-        ("create", "INSERT INTO managed_tx"),
-        ("apply", "UPDATE managed_tx m SET"),
+    // (what, the statement's marker, the rows a plan of it assumes for the array)
+    for (what, marker, planned_rows) in [
+        // Custom plans: each for its own batch.
+        ("create", "INSERT INTO managed_tx", BATCH as u64),
+        // A generic plan: 10 elements, whatever the batch.
+        ("apply", "UPDATE managed_tx m SET", 10),
     ] {
         let executions: Vec<&Value> = plans
             .iter()
@@ -154,13 +170,26 @@ async fn every_batch_move_is_planned_for_its_own_batch() {
                 n + 1
             );
             for a in arrays {
-                // Planned for the batch it carries: a generic plan says 10.
                 assert_eq!(
                     a["Plan Rows"].as_u64(),
-                    Some(BATCH as u64),
-                    "{what} execution #{} was not planned for its {BATCH} rows: {plan}",
+                    Some(planned_rows),
+                    "{what} execution #{} was not planned for {planned_rows} rows: {plan}",
                     n + 1
                 );
+            }
+            if what == "apply" {
+                // The rows are found by primary key from the array, whatever the plan assumed:
+                // never a scan of the table, never the signer's rows through another index.
+                for node in nodes(plan) {
+                    if node["Relation Name"] == "managed_tx" && node["Node Type"] != "ModifyTable" {
+                        assert!(
+                            node["Node Type"] == "Index Scan"
+                                && node["Index Name"] == "managed_tx_pkey",
+                            "apply execution #{} reads managed_tx other than by primary key: {node}",
+                            n + 1
+                        );
+                    }
+                }
             }
             // The batch's array is read once, never once per joined row.
             for node in nodes(plan) {

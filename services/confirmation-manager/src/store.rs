@@ -165,7 +165,7 @@ pub async fn asked(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<Vec<Asked>, Fe
         "asked",
         sqlx::query_as(
             "SELECT tx_id, state, confirmed_at IS NOT NULL AS settled, reorged_at IS NOT NULL AS reorged
-             FROM managed_tx WHERE tx_id = ANY($1) AND chain_id = $2 AND signer = $3",
+             FROM managed_tx WHERE tx_id = ANY($1) AND chain_id + 0 = $2 AND signer || '' = $3",
         )
         .bind(tx_ids.to_vec())
         .bind(key.chain_id.0)
@@ -238,7 +238,7 @@ pub async fn bookkeeping(
          FROM unnest($6::uuid[], $7::jsonb[], $8::bigint[], $9::boolean[], $10::boolean[],
                      $11::boolean[], $12::boolean[])
                 AS u(tx_id, list, finished, unwatch, park, unpark, undone)
-         WHERE m.tx_id = u.tx_id AND m.chain_id = $2 AND m.signer = $3 AND {FENCE_PREDICATE}"
+         WHERE m.tx_id = u.tx_id AND m.chain_id + 0 = $2 AND m.signer || '' = $3 AND {FENCE_PREDICATE}"
     );
     let touched = w
         .execute("confirmations", &sql, |q| {

@@ -280,7 +280,6 @@ pub async fn apply(
         .iter()
         .map(|r| r.confirmations.as_ref().map(|(_, n)| *n))
         .collect();
-    let audit = audit(19);
     // The state each row left (for `fsm.transition{from,to}`): known when the move has one
     // `from`; otherwise read from a second reference to the row, which the statement sees as
     // it was before the update (a primary-key lookup per row, only for these moves, and only
@@ -290,6 +289,10 @@ pub async fn apply(
     } else {
         ("", "", "NULL::text")
     };
+    // One plan fits every batch (drives run it with generic plans, `fenced::FENCED_SETTINGS`):
+    // the array `u` is read once and each of its rows finds its `managed_tx` row by primary key
+    // (`m.chain_id + 0`, `m.signer || ''`: no index serves the signer's predicate, only a check); the
+    // audit rows come from the UPDATE's own RETURNING, not from joining `landed` to `u` again.
     let sql = format!(
         "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
          u AS (SELECT * FROM unnest($6::uuid[], $7::uuid[], $8::text[], $9::jsonb[], $10::bigint[],
@@ -323,16 +326,20 @@ pub async fn apply(
                  fencing_token = $5,
                  updated_at = now()
              FROM u{prev_from}
-             WHERE m.tx_id = u.tx_id AND m.chain_id = $2 AND m.signer = $3 {prev_join}
+             WHERE m.tx_id = u.tx_id AND m.chain_id + 0 = $2 AND m.signer || '' = $3 {prev_join}
                AND m.state = ANY($17::text[])
                AND (u.expect_nonce IS NULL OR m.nonce = u.expect_nonce)
                AND EXISTS (SELECT 1 FROM fence_ok)
-             RETURNING m.tx_id, m.nonce, {prev_col} AS prev),
+             RETURNING m.tx_id, m.nonce, {prev_col} AS prev, u.event_id, u.event_type, u.event),
          released AS (
              INSERT INTO recycled_nonces (chain_id, signer, nonce, released_at)
              SELECT $2, $3, nonce, clock_timestamp() FROM landed WHERE $18 AND nonce IS NOT NULL
              ON CONFLICT (chain_id, signer, nonce) DO NOTHING),
-         {audit}
+         events AS (
+             INSERT INTO tx_events (event_id, tx_id, type, payload, published_at)
+             SELECT event_id, tx_id, event_type, event,
+                    CASE WHEN event_type = ANY($19::text[]) THEN NULL ELSE clock_timestamp() END
+             FROM landed)
          SELECT tx_id, nonce, prev FROM landed UNION ALL SELECT NULL, NULL, NULL FROM fence_ok"
     );
     let out: Vec<(Option<Uuid>, Option<i64>, Option<String>)> = w
@@ -674,7 +681,7 @@ pub async fn lock_rows(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<Vec<TxRow>
             "lock rows",
             sqlx::query_as(&format!(
                 "SELECT {ROW_COLUMNS} FROM managed_tx
-                 WHERE tx_id = ANY($1) AND chain_id = $2 AND signer = $3 ORDER BY nonce, tx_id FOR UPDATE"
+                 WHERE tx_id = ANY($1) AND chain_id + 0 = $2 AND signer || '' = $3 ORDER BY nonce, tx_id FOR UPDATE"
             ))
             .bind(tx_ids.to_vec())
             .bind(key.chain_id.0)

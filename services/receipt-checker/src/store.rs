@@ -161,7 +161,7 @@ pub async fn schedule(w: &mut Fenced<'_>, rows: &[Schedule]) -> Result<(), Fence
                      WHEN 'clear' THEN NULL
                      ELSE m.receipt_stale_since END
              FROM u
-             WHERE m.tx_id = u.tx_id AND m.chain_id = $2 AND m.signer = $3 AND m.state = $9
+             WHERE m.tx_id = u.tx_id AND m.chain_id + 0 = $2 AND m.signer || '' = $3 AND m.state = $9
                AND EXISTS (SELECT 1 FROM fence_ok)
              RETURNING m.tx_id)
          SELECT tx_id FROM done UNION ALL SELECT NULL FROM fence_ok"
