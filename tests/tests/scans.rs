@@ -193,11 +193,15 @@ async fn live_rows(pool: &PgPool) -> Live {
     let allocated = insert_tx(pool, GATEWAY, "live-allocated", Allocated, Some(LIVE_NONCE)).await;
     let unpublished = Uuid::new_v4();
     sqlx::query(
-        "INSERT INTO tx_events (event_id, tx_id, type, payload, created_at, published_at)
-         VALUES ($1, $2, 'TxAllocated', '{}'::jsonb, now() - interval '1 hour', NULL)",
+        "WITH e AS (INSERT INTO tx_events (event_id, tx_id, type, payload, created_at)
+                    VALUES ($1, $2, 'TxAllocated', '{}'::jsonb, now() - interval '1 hour'))
+         INSERT INTO tx_outbox (event_id, tx_id, chain_id, signer, type, created_at)
+         VALUES ($1, $2, $3, $4, 'TxAllocated', now() - interval '1 hour')",
     )
     .bind(unpublished)
     .bind(allocated)
+    .bind(CHAIN)
+    .bind(signer(GATEWAY))
     .execute(pool)
     .await
     .expect("unpublished event");
@@ -314,11 +318,11 @@ async fn load_final_rows(pool: &PgPool, n: i64) {
               LATERAL (SELECT CASE WHEN i % 100 < 9 THEN 'FAILED'
                                    WHEN i % 100 = 9 THEN 'REVERTED'
                                    ELSE 'CONFIRMED' END AS s) st",
-        "INSERT INTO tx_events (event_id, tx_id, type, payload, created_at, published_at)
+        "INSERT INTO tx_events (event_id, tx_id, type, payload, created_at)
          SELECT lpad(to_hex(2 * substr(m.request_id, 7)::bigint + k), 32, '0')::uuid, m.tx_id,
                 CASE WHEN k = 0 THEN 'TxAccepted' WHEN m.state = 'FAILED' THEN 'TxFailed'
                      ELSE 'TxConfirmed' END,
-                '{\"fencing_token\": 1, \"chain_id\": 31337}'::jsonb, m.created_at, m.created_at
+                '{\"fencing_token\": 1, \"chain_id\": 31337}'::jsonb, m.created_at
          FROM managed_tx m, generate_series(0, 1) AS k
          WHERE m.request_id LIKE 'final-%'",
         "INSERT INTO tx_attempts (tx_id, attempt, tx_hash, raw_tx, max_fee_per_gas,

@@ -2,11 +2,13 @@
 //! ([`ANNOUNCED`]) reaches its topic at least once, also when the process dies between the
 //! PostgreSQL commit that recorded it and the broker's acknowledgement.
 //!
-//! - [`crate::txstore`] writes an announced event's row with `published_at` NULL, in the same
-//!   statement as the state change it announces;
-//! - the stage runtime marks the rows of the outputs the broker acknowledged ([`mark_published`]);
-//! - the recovery scan relays, for the signers whose lease it holds, the rows of the types its role
-//!   announces that are still unpublished after [`GRACE`] ([`unpublished`], [`output`]).
+//! - [`crate::txstore`] writes an announced event's `tx_events` row and its `tx_outbox` row
+//!   (migration 0016) in the same statement as the state change it announces;
+//! - the stage runtime deletes the `tx_outbox` rows of the outputs the broker acknowledged
+//!   ([`mark_published`]); `tx_events` is written once and never updated;
+//! - the recovery scan relays, for the signers whose lease it holds, the events of the types its
+//!   role announces whose `tx_outbox` row is still there after [`GRACE`] ([`unpublished`],
+//!   [`outputs`]), reading each one's payload from `tx_events`.
 //!
 //! Duplicates on a topic are possible (a crash after the acknowledgement, before the mark; a relay
 //! racing the producing stage); consumers deduplicate by `event_id`, which a relayed event keeps.
@@ -201,10 +203,8 @@ pub async fn signers_with_unpublished(
         return Ok(Vec::new());
     }
     let rows: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT DISTINCT m.chain_id, m.signer
-         FROM tx_events e JOIN managed_tx m USING (tx_id)
-         WHERE e.published_at IS NULL AND e.type = ANY($1)
-           AND e.created_at < now() - make_interval(secs => $2)",
+        "SELECT DISTINCT chain_id, signer FROM tx_outbox
+         WHERE type = ANY($1) AND created_at < now() - make_interval(secs => $2)",
     )
     .bind(types)
     .bind(GRACE.as_secs_f64())
@@ -225,11 +225,10 @@ pub async fn unpublished(
 ) -> Result<Vec<Unpublished>, sqlx::Error> {
     sqlx::query_as(
         "SELECT e.event_id, e.tx_id, e.type, e.payload
-         FROM tx_events e JOIN managed_tx m USING (tx_id)
-         WHERE e.published_at IS NULL AND e.type = ANY($1)
-           AND e.created_at < now() - make_interval(secs => $2)
-           AND m.chain_id = $3 AND m.signer = $4
-         ORDER BY e.created_at, e.event_id
+         FROM tx_outbox o JOIN tx_events e USING (event_id)
+         WHERE o.chain_id = $3 AND o.signer = $4 AND o.type = ANY($1)
+           AND o.created_at < now() - make_interval(secs => $2)
+         ORDER BY o.created_at, o.event_id
          LIMIT $5",
     )
     .bind(types)
@@ -241,20 +240,17 @@ pub async fn unpublished(
     .await
 }
 
-/// Marks the rows of these events published (the broker acknowledged them). Ids that are not
-/// `tx_events` rows (a stage's own outputs, a test stage's) change nothing. Unfenced on purpose:
-/// the mark records a fact about the broker, true whoever produced the event.
+/// Marks these events published (the broker acknowledged them): their `tx_outbox` rows go. Ids
+/// without one (a stage's own outputs, a test stage's, an event relayed twice) change nothing.
+/// Unfenced on purpose: the mark records a fact about the broker, true whoever produced the event.
 pub async fn mark_published(pool: &PgPool, event_ids: &[Uuid]) -> Result<u64, sqlx::Error> {
     if event_ids.is_empty() {
         return Ok(0);
     }
-    let done = sqlx::query(
-        "UPDATE tx_events SET published_at = clock_timestamp()
-         WHERE event_id = ANY($1) AND published_at IS NULL",
-    )
-    .bind(event_ids)
-    .execute(pool)
-    .await?;
+    let done = sqlx::query("DELETE FROM tx_outbox WHERE event_id = ANY($1)")
+        .bind(event_ids)
+        .execute(pool)
+        .await?;
     Ok(done.rows_affected())
 }
 

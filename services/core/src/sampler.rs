@@ -4,7 +4,7 @@
 //!
 //! Every query reads a partial index or a small table: `tx.open` is one `GROUP BY` over
 //! `managed_tx_open_idx` (the states written as literals, [`txstore::state_in`]), the backlog
-//! counts `tx_events_unpublished_idx`, holds and leases are a row per signer. A series seen once
+//! counts `tx_outbox`, holds and leases are a row per signer. A series seen once
 //! is recorded 0 when its rows are gone, so that a drained state or a cleared hold reads 0, not
 //! its last value.
 //!
@@ -150,11 +150,10 @@ impl Sampler {
             }
         }
 
-        // outbox.backlog: the partial index of unpublished rows.
-        let (backlog,): (i64,) =
-            sqlx::query_as("SELECT count(*) FROM tx_events WHERE published_at IS NULL")
-                .fetch_one(&self.pool)
-                .await?;
+        // outbox.backlog: the outbox holds only the events not acknowledged yet.
+        let (backlog,): (i64,) = sqlx::query_as("SELECT count(*) FROM tx_outbox")
+            .fetch_one(&self.pool)
+            .await?;
         m.outbox_backlog(u64::try_from(backlog).unwrap_or(0));
 
         // lease.held: live leases whose owner is a node of this process.

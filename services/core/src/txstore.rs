@@ -24,17 +24,31 @@ use uuid::Uuid;
 use crate::fenced::{FENCE_PREDICATE, FenceError, Fenced};
 
 /// The audit rows of the rows that landed: `landed(tx_id)` joined with the input `u(tx_id,
-/// event_id, event_type, event)`. The one `INSERT INTO tx_events` of the code base. An announced
-/// event ([`ANNOUNCED`](txflow_domain::events::ANNOUNCED)) is written unpublished, for the outbox
-/// ([`crate::outbox`]); an audit-only one published.
-/// `announced` is the number of the statement's parameter bound to `ANNOUNCED`.
+/// event_id, event_type, event)`, for `create` (an INSERT's RETURNING names only the table's
+/// columns; `apply` returns them from its UPDATE, [`audit_returned`]). Every row goes to
+/// `tx_events`; an announced event ([`ANNOUNCED`](txflow_domain::events::ANNOUNCED)) also to
+/// `tx_outbox` ([`crate::outbox`]), where it stays until the broker acknowledged it.
+/// `announced` is the number of the statement's parameter bound to `ANNOUNCED`; the signer is
+/// `$2`, `$3`.
 fn audit(announced: usize) -> String {
     format!(
+        "audit AS MATERIALIZED (SELECT u.event_id, u.tx_id, u.event_type, u.event FROM landed JOIN u USING (tx_id)),
+         {}",
+        audit_returned("audit", announced)
+    )
+}
+
+/// The audit rows of `source(event_id, tx_id, event_type, event)`: the one `INSERT INTO
+/// tx_events` of the code base, and the outbox rows of the announced ones.
+fn audit_returned(source: &str, announced: usize) -> String {
+    format!(
         "events AS (
-     INSERT INTO tx_events (event_id, tx_id, type, payload, published_at)
-     SELECT u.event_id, u.tx_id, u.event_type, u.event,
-            CASE WHEN u.event_type = ANY(${announced}::text[]) THEN NULL ELSE clock_timestamp() END
-     FROM landed JOIN u USING (tx_id))"
+     INSERT INTO tx_events (event_id, tx_id, type, payload)
+     SELECT event_id, tx_id, event_type, event FROM {source}),
+         outbox AS (
+     INSERT INTO tx_outbox (event_id, tx_id, chain_id, signer, type)
+     SELECT event_id, tx_id, $2, $3, event_type FROM {source}
+     WHERE event_type = ANY(${announced}::text[]))"
     )
 }
 
@@ -289,6 +303,7 @@ pub async fn apply(
     } else {
         ("", "", "NULL::text")
     };
+    let audit = audit_returned("landed", 19);
     // One plan fits every batch (drives run it with generic plans, `fenced::FENCED_SETTINGS`):
     // the array `u` is read once and each of its rows finds its `managed_tx` row by primary key
     // (`m.chain_id + 0`, `m.signer || ''`: no index serves the signer's predicate, only a check); the
@@ -335,11 +350,7 @@ pub async fn apply(
              INSERT INTO recycled_nonces (chain_id, signer, nonce, released_at)
              SELECT $2, $3, nonce, clock_timestamp() FROM landed WHERE $18 AND nonce IS NOT NULL
              ON CONFLICT (chain_id, signer, nonce) DO NOTHING),
-         events AS (
-             INSERT INTO tx_events (event_id, tx_id, type, payload, published_at)
-             SELECT event_id, tx_id, event_type, event,
-                    CASE WHEN event_type = ANY($19::text[]) THEN NULL ELSE clock_timestamp() END
-             FROM landed)
+         {audit}
          SELECT tx_id, nonce, prev FROM landed UNION ALL SELECT NULL, NULL, NULL FROM fence_ok"
     );
     let out: Vec<(Option<Uuid>, Option<i64>, Option<String>)> = w

@@ -147,9 +147,7 @@ async fn every_request_mines_exactly_once_while_each_stage_is_killed_at_each_fau
         &missing[..missing.len().min(10)]
     );
     wait_until("every recorded event is marked published", LONG, || async {
-        p.count("SELECT count(*) FROM tx_events WHERE published_at IS NULL")
-            .await
-            == 0
+        p.count("SELECT count(*) FROM tx_outbox").await == 0
     })
     .await;
     let mut crashes = BTreeMap::new();

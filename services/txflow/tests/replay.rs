@@ -198,9 +198,7 @@ async fn a_replay_of_the_allocator_to_the_earliest_offset_sends_nothing_and_re_e
             p.count("SELECT count(*) FROM managed_tx WHERE state = 'SUBMITTED'")
                 .await
                 == REQUESTS as i64
-                && p.count("SELECT count(*) FROM tx_events WHERE published_at IS NULL")
-                    .await
-                    == 0
+                && p.count("SELECT count(*) FROM tx_outbox").await == 0
         },
     )
     .await;
