@@ -47,7 +47,7 @@ impl StageConfig {
             lease: LeaseConfig::default(),
             retry_backoff: Duration::from_millis(200),
             recovery_interval: Duration::from_secs(30),
-            ready_interval: Duration::from_secs(1),
+            ready_interval: Duration::from_millis(200),
             outbox: None,
             assignment_timeout: Duration::from_secs(60),
         }
