@@ -72,6 +72,9 @@ async fn explaining_pool(url: &str) -> PgPool {
                      SET client_min_messages = 'notice';",
                 )
                 .await?;
+                // The settings of a stage process's connections (generic plans, no
+                // sequential scans), so that the plans read are the ones production runs.
+                conn.execute(txflow_core::db::STAGE_SESSION).await?;
                 Ok(())
             })
         })

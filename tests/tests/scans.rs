@@ -5,12 +5,13 @@
 //!
 //! The test writes a handful of live rows (work for every stage), runs each periodic query
 //! through its store function — the real SQL, so that a changed query is checked as it now is —
-//! on a connection where `auto_explain` reports the executed plan of every statement (ANALYZE,
-//! BUFFERS, JSON) as a NOTICE, then loads [`FINAL_ROWS`] final rows over 1,000 signers (the live
+//! on a connection with a stage process's settings (`db::STAGE_SESSION`: generic plans, made
+//! without the parameters' values; sequential scans off) where `auto_explain` reports the
+//! executed plan of every statement (ANALYZE, BUFFERS, JSON) as a NOTICE, then loads [`FINAL_ROWS`] final rows over 1,000 signers (the live
 //! signers among them) with their published `tx_events` and their attempts, and runs the same
-//! again. Each query runs [`CALLS`] times on one connection, so that the sixth execution of a
-//! prepared statement, which PostgreSQL may plan generically (without the parameters' values),
-//! is checked too. Asserted from the plans, never from timings: no sequential scan of
+//! again. Each query runs [`CALLS`] times on one connection: the generic plan made at the first
+//! execution, on tables with no final rows, is the one checked after the load too unless the
+//! statistics changed. Asserted from the plans, never from timings: no sequential scan of
 //! `managed_tx`, `tx_events` or `tx_attempts`; the buffers a call touches stay within a few of
 //! what it touched with no final rows (a b-tree a level or two deeper on a key lookup), far below
 //! the table's size; the results are the live rows, before and after. The timings are printed
@@ -804,6 +805,9 @@ async fn explaining_pool(url: &str) -> PgPool {
                      SET client_min_messages = 'notice';",
                 )
                 .await?;
+                // The settings of a stage process's connections (generic plans, no
+                // sequential scans), so that the plans read are the ones production runs.
+                conn.execute(txflow_core::db::STAGE_SESSION).await?;
                 Ok(())
             })
         })

@@ -37,6 +37,37 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
         .map_err(DbError::Connect)
 }
 
+/// The session settings of every connection of a stage process ([`connect_stages`]): **generic
+/// plans**, made once per connection and statement, and sequential scans off, as in a fenced
+/// transaction (`fenced::FENCED_SETTINGS` says why). The stages' reads outside transactions —
+/// the drives' reads, the recovery scans, the outbox relay, the leases — run thousands of times
+/// a minute with the same shape; with PostgreSQL's default (`auto`) most of them were planned at
+/// every execution (0.15-0.4 ms each: 1.2 s of the 1.5 s of planning of a 2,000-request bench).
+/// Their statements are written for one plan: states as literals so that the partial indexes of
+/// the rows in flight serve them whatever the parameters (`txstore::state_in`), rows reached by
+/// key. `enable_seqscan = off` is a cost penalty, not a ban: a plan made while a table was empty
+/// would otherwise scan it and go on scanning it once it has grown. A batch transaction sets
+/// custom plans for itself (`fenced::BatchTx`). `tests/tests/scans.rs` and
+/// `tests/tests/batch_plans.rs` read the executed plans on connections with these settings.
+pub const STAGE_SESSION: &str =
+    "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off";
+
+/// A pool for stage runtimes: as [`connect`], each connection with [`STAGE_SESSION`].
+pub async fn connect_stages(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::Executor::execute(conn, STAGE_SESSION).await?;
+                Ok(())
+            })
+        })
+        .connect(url)
+        .await
+        .map_err(DbError::Connect)
+}
+
 /// Applies every migration not yet applied; returns how many the database has now.
 pub async fn migrate(pool: &PgPool) -> Result<usize, DbError> {
     MIGRATOR.run(pool).await.map_err(DbError::Migrate)?;

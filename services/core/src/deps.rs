@@ -41,7 +41,8 @@ impl Deps {
     /// Connects for `stages` stage runtimes (the pool holds [`CONNECTIONS_PER_STAGE`] each).
     pub async fn connect(config: &Config, stages: u32) -> Result<Deps, RoleError> {
         let pool =
-            crate::db::connect(&config.database_url, CONNECTIONS_PER_STAGE * stages.max(1)).await?;
+            crate::db::connect_stages(&config.database_url, CONNECTIONS_PER_STAGE * stages.max(1))
+                .await?;
         Ok(Deps {
             config: config.clone(),
             pool,

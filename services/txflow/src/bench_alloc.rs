@@ -178,7 +178,7 @@ pub async fn run(
     let batch = batch.max(1);
     let rate = rate.filter(|r| *r > 0);
     let linger = StageConfig::new("", "").batch_linger;
-    let pool = txflow_core::db::connect(&config.database_url, 4).await?;
+    let pool = txflow_core::db::connect_stages(&config.database_url, 4).await?;
     txflow_core::db::migrate(&pool).await?;
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
     let signer = fresh_signer()?;

@@ -135,7 +135,7 @@ pub async fn run(
     json: bool,
 ) -> anyhow::Result<()> {
     let signers = signers.max(1);
-    let pool = txflow_core::db::connect(&config.database_url, 4).await?;
+    let pool = txflow_core::db::connect_stages(&config.database_url, 4).await?;
     txflow_core::db::migrate(&pool).await?;
     let codec = RegistryCodec::new(&config.schema_registry_url);
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..12];
