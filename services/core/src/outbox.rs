@@ -254,6 +254,97 @@ pub async fn mark_published(pool: &PgPool, event_ids: &[Uuid]) -> Result<u64, sq
     Ok(done.rows_affected())
 }
 
+/// The most event ids one [`flush_marks`] statement deletes.
+const MARKS_PER_STATEMENT: usize = 4096;
+
+/// The acknowledged events of a stage runtime's outputs, on their way to [`mark_published`].
+///
+/// Each produce (a batch's or a drive's outputs) used to mark its events with a statement of its
+/// own, one in fifteen of the pipeline's statements. Now a produce hands its acknowledged ids to
+/// this queue and one task ([`flush_marks`], run by the stage runtime) deletes whatever has
+/// queued meanwhile in one statement: under load many drives' marks go together, idle a mark
+/// goes at once. Nothing is lost by the delay: an event whose mark has not been written yet is
+/// one the broker has, and at worst (a crash first) the relay produces it once more after
+/// [`GRACE`], as it did for a mark that failed.
+#[derive(Debug)]
+pub struct MarkQueue {
+    tx: tokio::sync::mpsc::UnboundedSender<Vec<Uuid>>,
+    rx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Vec<Uuid>>>>,
+}
+
+impl Default for MarkQueue {
+    fn default() -> Self {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        MarkQueue {
+            tx,
+            rx: std::sync::Mutex::new(Some(rx)),
+        }
+    }
+}
+
+impl MarkQueue {
+    /// Queues `ids` for the flushing task; marks them here and now when no task flushes (the
+    /// runtime is not running, so nothing would).
+    pub async fn mark(&self, pool: &PgPool, ids: Vec<Uuid>) {
+        if ids.is_empty() {
+            return;
+        }
+        let flushing = self.rx.lock().map(|rx| rx.is_none()).unwrap_or(false);
+        let ids = if flushing {
+            match self.tx.send(ids) {
+                Ok(()) => return,
+                Err(e) => e.0,
+            }
+        } else {
+            ids
+        };
+        if let Err(e) = mark_published(pool, &ids).await {
+            tracing::warn!(error = %e, events = ids.len(), "could not mark events published; the recovery scan produces them again");
+        }
+    }
+
+    /// Runs the flushing task until `stop` fires, then writes what is still queued and returns.
+    pub async fn flush(&self, pool: PgPool, stop: tokio_util::sync::CancellationToken) {
+        let Some(rx) = self.rx.lock().ok().and_then(|mut rx| rx.take()) else {
+            return;
+        };
+        let rx = flush_marks(pool, rx, stop).await;
+        if let Ok(mut slot) = self.rx.lock() {
+            *slot = Some(rx);
+        }
+    }
+}
+
+/// Deletes the `tx_outbox` rows of the ids queued on `rx`, all that queued while the previous
+/// statement ran in one statement (at most [`MARKS_PER_STATEMENT`]), until `stop` fires and the
+/// queue is empty. A failed mark is reported and dropped: the relay produces those events again.
+async fn flush_marks(
+    pool: PgPool,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<Uuid>>,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::sync::mpsc::UnboundedReceiver<Vec<Uuid>> {
+    loop {
+        let mut ids = tokio::select! {
+            biased;
+            ids = rx.recv() => match ids {
+                Some(ids) => ids,
+                None => break,
+            },
+            () = stop.cancelled() => break,
+        };
+        while ids.len() < MARKS_PER_STATEMENT {
+            match rx.try_recv() {
+                Ok(more) => ids.extend(more),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = mark_published(&pool, &ids).await {
+            tracing::warn!(error = %e, events = ids.len(), "could not mark events published; the recovery scan produces them again");
+        }
+    }
+    rx
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

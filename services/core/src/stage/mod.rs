@@ -96,6 +96,8 @@ pub struct StageRuntime<H: Handler> {
     held: Mutex<HeldLeases>,
     /// Messages dead-lettered out of order, skipped when they come again (see `batch`).
     settled: Mutex<Settled>,
+    /// The acknowledged outputs whose outbox rows are to go, flushed by a task of [`Self::run`].
+    marks: crate::outbox::MarkQueue,
 }
 
 impl<H: Handler> StageRuntime<H> {
@@ -116,6 +118,7 @@ impl<H: Handler> StageRuntime<H> {
             config,
             held: Mutex::new(HashMap::new()),
             settled: Mutex::new(Settled::default()),
+            marks: crate::outbox::MarkQueue::default(),
         }
     }
 
@@ -131,6 +134,20 @@ impl<H: Handler> StageRuntime<H> {
     /// Runs until `shutdown` fires; then finishes the batch in hand, commits offsets and releases
     /// its leases.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), StageError> {
+        // The outbox marks are written beside the loop, by one future of this task, and the
+        // last of them once the loop has ended.
+        let stop_marks = CancellationToken::new();
+        let flushing = self.marks.flush(self.pool.clone(), stop_marks.clone());
+        let running = async {
+            let result = self.run_loop(shutdown).await;
+            stop_marks.cancel();
+            result
+        };
+        let (result, ()) = tokio::join!(running, flushing);
+        result
+    }
+
+    async fn run_loop(&self, shutdown: CancellationToken) -> Result<(), StageError> {
         let input_topic = self.handler.input_topic();
         let mut topics = self.config.topics.clone();
         topics.push(input_topic.clone());

@@ -94,12 +94,11 @@ impl<H: Handler> StageRuntime<H> {
             results.push((o.event_id.as_str(), result.is_ok()));
         }
         let ok = results.iter().all(|(_, acked)| *acked);
-        // The outbox: what the broker acknowledged is not relayed again. A failed mark only
-        // means a duplicate later, never a loss.
+        // The outbox: what the broker acknowledged is not relayed again (marked by the runtime's
+        // flushing task, with other drives' marks). A failed mark only means a duplicate later,
+        // never a loss.
         let acked = published(&results);
-        if let Err(e) = crate::outbox::mark_published(&self.pool, &acked).await {
-            tracing::warn!(error = %e, events = acked.len(), "could not mark events published; the recovery scan produces them again");
-        }
+        self.marks.mark(&self.pool, acked).await;
         ok
     }
 
