@@ -31,7 +31,7 @@ pub struct KafkaSettings {
     /// (default 100). Apache Kafka answers a waiting fetch as soon as data arrives, so this costs
     /// no latency there. On the local tansu each consumer's fetch comes back empty after this
     /// long while nothing arrives, so a short wait is paid in the broker's CPU: at 10 ms the
-    /// pipeline's seven consumers kept 0.4 of a core busy doing nothing and took a quarter of
+    /// pipeline's six consumers kept 0.4 of a core busy doing nothing and took a quarter of
     /// the machine's CPU in `txflow bench`; at 100 ms 0.1 core idle, 30-45 % more throughput
     /// at 50 × 40, the same idle latency (p50 request → SUBMITTED 41 against 47 ms); at 500 ms
     /// every hop waits (p50 352 ms). ARCHITECTURE.md "Performance" has the figures.
