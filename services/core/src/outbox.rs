@@ -284,7 +284,9 @@ impl Default for MarkQueue {
 
 impl MarkQueue {
     /// Queues `ids` for the flushing task; marks them here and now when no task flushes (the
-    /// runtime is not running, so nothing would).
+    /// runtime is not running, so nothing would). A task that stops between the check and the
+    /// send leaves those ids queued until the runtime runs again: their events are then relayed
+    /// once more after [`GRACE`] (a duplicate, never a loss).
     pub async fn mark(&self, pool: &PgPool, ids: Vec<Uuid>) {
         if ids.is_empty() {
             return;
