@@ -153,7 +153,7 @@ pub enum SendClass {
 /// - geth (ethereum/go-ethereum): `core/txpool/errors.go`, `core/txpool/legacypool/legacypool.go`,
 ///   `core/error.go`, `core/types/transaction.go`, `core/types/transaction_signing.go`;
 /// - Erigon (erigontech/erigon): `txnprovider/txpool/txpoolcfg/txpoolcfg.go`
-///   (`DiscardReason::String`; the RPC answer is "<IMPORT_RESULT>: <reason>");
+///   (`DiscardReason::String`; the RPC answer is `"<IMPORT_RESULT>: <reason>"`);
 /// - Nethermind (NethermindEth/nethermind): `src/Nethermind/Nethermind.TxPool/AcceptTxResult.cs`
 ///   and the phrases it uses, `Nethermind.TxPool/TxPoolErrorMessages.cs`,
 ///   `Nethermind.Core/Messages/TxErrorMessages.cs`;

@@ -615,7 +615,7 @@ pub struct Setup {
     /// The configured `service.name` (`OTEL_SERVICE_NAME`, `telemetry.service_name`), if any.
     pub service_name: Option<String>,
     /// `service.name` when none is configured, nor given in `OTEL_RESOURCE_ATTRIBUTES`
-    /// ("txflow-<role>", "txflow" for `up`).
+    /// (`"txflow-<role>"`, `"txflow"` for `up`).
     pub default_service_name: String,
     /// The configured OTLP endpoint (gRPC; `OTEL_EXPORTER_OTLP_ENDPOINT`,
     /// `telemetry.otlp_endpoint`). `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` is above it; with

@@ -261,7 +261,7 @@ const MARKS_PER_STATEMENT: usize = 4096;
 ///
 /// Each produce (a batch's or a drive's outputs) used to mark its events with a statement of its
 /// own, one in fifteen of the pipeline's statements. Now a produce hands its acknowledged ids to
-/// this queue and one task ([`flush_marks`], run by the stage runtime) deletes whatever has
+/// this queue and one task ([`MarkQueue::flush`], run by the stage runtime) deletes whatever has
 /// queued meanwhile in one statement: under load many drives' marks go together, idle a mark
 /// goes at once. Nothing is lost by the delay: an event whose mark has not been written yet is
 /// one the broker has, and at worst (a crash first) the relay produces it once more after
