@@ -14,7 +14,11 @@
 //! statistics changed. Asserted from the plans, never from timings: no sequential scan of
 //! `managed_tx`, `tx_events` or `tx_attempts`; the buffers a call touches stay within a few of
 //! what it touched with no final rows (a b-tree a level or two deeper on a key lookup), far below
-//! the table's size; the results are the live rows, before and after. The timings are printed
+//! the table's size; no statement JIT-compiled or run by parallel workers, even with both made
+//! free (`jit_above_cost`, `parallel_setup_cost` 0: a generic plan's estimate grows with the
+//! table, and at 1,000,000 final rows two scans got a parallel, JIT-compiled plan, ~28 ms per
+//! call for 2 to 25 buffers); the results are the live rows, before and after. The timings are
+//! printed
 //! (`--no-capture`) for ARCHITECTURE.md.
 //!
 //! `TXFLOW_SCANS_FINAL_ROWS` overrides the number of final rows (ARCHITECTURE.md's figures are
@@ -356,6 +360,8 @@ struct Explained {
     ms: f64,
     query: String,
     plan: Value,
+    /// The statement was JIT-compiled (`auto_explain` reports a `JIT` section).
+    jit: bool,
 }
 
 impl Explained {
@@ -372,6 +378,7 @@ impl Explained {
             ms,
             query: json["Query Text"].as_str().unwrap_or_default().to_string(),
             plan: json["Plan"].clone(),
+            jit: json.get("JIT").is_some(),
         })
     }
 
@@ -805,8 +812,22 @@ async fn explaining_pool(url: &str) -> PgPool {
                      SET client_min_messages = 'notice';",
                 )
                 .await?;
+                // Every statement costly enough for JIT compilation and parallel workers
+                // cheap, unless the session turns both off: a generic plan's estimate grows
+                // with the table (at 1,000,000 final rows the followed-rows scans got a
+                // parallel plan, JIT-compiled: ~28 ms a call for 2 to 25 buffers), so a
+                // stage's statements must never be compiled or run in parallel.
+                conn.execute(
+                    "SET jit_above_cost = 0;
+                     SET parallel_setup_cost = 0;
+                     SET parallel_tuple_cost = 0;
+                     SET min_parallel_table_scan_size = 0;
+                     SET min_parallel_index_scan_size = 0;",
+                )
+                .await?;
                 // The settings of a stage process's connections (generic plans, no
-                // sequential scans), so that the plans read are the ones production runs.
+                // sequential scans, no JIT, no parallel workers), so that the plans read are
+                // the ones production runs.
                 conn.execute(txflow_core::db::STAGE_SESSION).await?;
                 Ok(())
             })
@@ -887,6 +908,14 @@ async fn periodic_queries_read_no_more_with_many_final_rows_than_with_none() {
         }
         for s in a.seq_scans(&["managed_tx", "tx_events", "tx_attempts"]) {
             failures.push(format!("{}: {s}", a.name));
+        }
+        for e in b.calls.iter().chain(&a.calls).flatten() {
+            if e.jit {
+                failures.push(format!("{}: JIT-compiled: {}", a.name, e.query.trim()));
+            }
+            if e.nodes().iter().any(|n| n.starts_with("Gather")) {
+                failures.push(format!("{}: parallel workers: {}", a.name, e.query.trim()));
+            }
         }
         if a.buffers() > b.buffers() + SLACK || a.buffers() > BOUND {
             failures.push(format!(

@@ -170,9 +170,13 @@ const SET_IDLE_TIMEOUT: &str = "SELECT set_config('idle_in_transaction_session_t
 /// has grown (seen: a 500-row move at 96 ms, a sequential scan of `managed_tx` joined to a rescan
 /// of the array; 2,200 instead of 9,000 nonces/s on the first run of a fresh database).
 /// `tests/tests/batch_plans.rs` reads the executed plans of a drive's moves.
+/// JIT compilation and parallel workers are off as well, for the reason
+/// [`crate::db::STAGE_SESSION`] gives.
 const FENCED_SETTINGS: &str = "set_config('idle_in_transaction_session_timeout', $6, true),
      set_config('plan_cache_mode', 'force_generic_plan', true),
-     set_config('enable_seqscan', 'off', true)";
+     set_config('enable_seqscan', 'off', true),
+     set_config('jit', 'off', true),
+     set_config('max_parallel_workers_per_gather', '0', true)";
 
 /// Twice the lease duration, in milliseconds: how long a fenced transaction may sit idle before
 /// PostgreSQL ends its session.
@@ -207,7 +211,7 @@ impl HeldLease {
         // The settings and the first check of the lease in one round trip.
         let timeout = idle_timeout_ms(self);
         let sql = format!("SELECT {FENCED_SETTINGS}, {FENCE_PREDICATE} AS current");
-        let (_, _, _, current): (String, String, String, bool) =
+        let (_, _, _, _, _, current): (String, String, String, String, String, bool) =
             bind_fence_as(self, sqlx::query_as(&sql))
                 .bind(timeout.to_string())
                 .fetch_one(&mut *tx)
