@@ -9,7 +9,7 @@
 //! Now a batch transaction (`BatchTx`, where the allocator's `create` runs) plans every execution
 //! for its own batch, and a fenced transaction (a drive, where the moves run) uses generic plans
 //! made once, whose statements are written to have one good shape whatever the table
-//! (`fenced::FENCED_SETTINGS`). Asserted from the plans `auto_explain` reports for each execution
+//! (`fenced::BEGIN_FENCED`). Asserted from the plans `auto_explain` reports for each execution
 //! on one connection, from a table that starts empty, never from timings: `create`, the sixth and
 //! later executions too, was planned with its real number of rows; the drive's move was planned
 //! once, generically, and reaches `managed_tx` by primary key only; and no node over a batch's
@@ -74,7 +74,8 @@ async fn explaining_pool(url: &str) -> PgPool {
                 .await?;
                 // The settings of a stage process's connections (generic plans, no
                 // sequential scans), so that the plans read are the ones production runs.
-                conn.execute(txflow_core::db::STAGE_SESSION).await?;
+                conn.execute(txflow_core::db::STAGE_SESSION.as_str())
+                    .await?;
                 Ok(())
             })
         })

@@ -828,7 +828,8 @@ async fn explaining_pool(url: &str) -> PgPool {
                 // The settings of a stage process's connections (generic plans, no
                 // sequential scans, no JIT, no parallel workers), so that the plans read are
                 // the ones production runs.
-                conn.execute(txflow_core::db::STAGE_SESSION).await?;
+                conn.execute(txflow_core::db::STAGE_SESSION.as_str())
+                    .await?;
                 Ok(())
             })
         })

@@ -13,7 +13,8 @@
 
 use sqlx::postgres::{PgArguments, PgPool};
 use sqlx::query::{Query, QueryAs};
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{PgConnection, Postgres, Row, Transaction};
+use std::sync::LazyLock;
 
 use crate::lease::HeldLease;
 use crate::retry::{Classify, Retry};
@@ -145,17 +146,19 @@ fn bind_fence_as<'q, T>(
 /// `batch_max` rows per signer, and its `create` joins the batch's `unnest`ed arrays to the rows
 /// it inserted: a generic plan assumes 10 array elements whatever the batch (a nested loop that
 /// rescans the array per row: 500 × 500 for one hot signer), so each execution is planned for its
-/// own batch. Fenced transactions (drives) run with generic plans instead ([`FENCED_SETTINGS`]).
+/// own batch. Fenced transactions (drives) run with generic plans instead ([`BEGIN_FENCED`]).
 const SET_IDLE_TIMEOUT: &str = "SELECT set_config('idle_in_transaction_session_timeout', $1, true),
             set_config('plan_cache_mode', 'force_custom_plan', true)";
 
-/// The settings of a fenced transaction (a drive's), made with its first lease check (the idle
-/// timeout is `$6`): the idle timeout, and **generic plans, made once per connection and
-/// statement**. Planning was the largest single cost of PostgreSQL's CPU in the pipeline: the
-/// state machine's move statement took 0.5-0.75 ms to plan, once per execution, and planning was
-/// 2.8-3.2 s of the ~11 s of statement time of a 2,000-request run; with generic plans here 1.2-1.4
-/// s, and the bench database's CPU fell from 5.7-5.9 to 4.5-4.6 s (`txflow bench --compare
-/// --signers 50 --txs 40`, ARCHITECTURE "Where PostgreSQL's time goes").
+/// The first statement of a fenced transaction (a drive's): its settings, local to it, and the
+/// first check of the lease, in one round trip. The idle timeout is `$6` ([`idle_timeout_ms`]);
+/// the others are [`crate::db::STAGE_SETTINGS`] (generic plans made once per connection and
+/// statement, no sequential scans, no JIT, no parallel workers), set here too so that a drive
+/// keeps them on any pool. Planning was the largest single cost of PostgreSQL's CPU in the
+/// pipeline: the state machine's move statement took 0.5-0.75 ms to plan, once per execution,
+/// and planning was 2.8-3.2 s of the ~11 s of statement time of a 2,000-request run; with generic
+/// plans here 1.2-1.4 s, and the bench database's CPU fell from 5.7-5.9 to 4.5-4.6 s (`txflow
+/// bench --compare --signers 50 --txs 40`, ARCHITECTURE "Where PostgreSQL's time goes").
 ///
 /// A generic plan is made without the parameters' values, often on a table that was nearly empty
 /// when the connection first ran the statement, and kept until the table's statistics change. So
@@ -163,20 +166,24 @@ const SET_IDLE_TIMEOUT: &str = "SELECT set_config('idle_in_transaction_session_t
 /// reached by primary key (`tx_id`) from the batch's array or id list, and the signer's own
 /// predicate is written `m.chain_id + 0 = $2 AND m.signer || '' = $3`, which no index can serve,
 /// so that no plan reads the signer's whole history through its `(chain_id, signer, …)` indexes
-/// (the plan an estimate of "a few rows per signer" picks, made on an empty table); queries by state name their states as literals,
-/// so that the partial indexes stay usable (`txstore::state_in`); and sequential scans are off
-/// (`enable_seqscan`: a cost penalty, not a ban, so a table with no usable index is still read),
-/// since a plan made on an empty table would otherwise scan it, and go on scanning it once it
-/// has grown (seen: a 500-row move at 96 ms, a sequential scan of `managed_tx` joined to a rescan
-/// of the array; 2,200 instead of 9,000 nonces/s on the first run of a fresh database).
-/// `tests/tests/batch_plans.rs` reads the executed plans of a drive's moves.
-/// JIT compilation and parallel workers are off as well, for the reason
-/// [`crate::db::STAGE_SESSION`] gives.
-const FENCED_SETTINGS: &str = "set_config('idle_in_transaction_session_timeout', $6, true),
-     set_config('plan_cache_mode', 'force_generic_plan', true),
-     set_config('enable_seqscan', 'off', true),
-     set_config('jit', 'off', true),
-     set_config('max_parallel_workers_per_gather', '0', true)";
+/// (the plan an estimate of "a few rows per signer" picks, made on an empty table); queries by
+/// state name their states as literals, so that the partial indexes stay usable
+/// (`txstore::state_in`); and sequential scans are off, since a plan made on an empty table would
+/// otherwise scan it, and go on scanning it once it has grown (seen: a 500-row move at 96 ms, a
+/// sequential scan of `managed_tx` joined to a rescan of the array; 2,200 instead of 9,000
+/// nonces/s on the first run of a fresh database). `tests/tests/batch_plans.rs` reads the
+/// executed plans of a drive's moves.
+static BEGIN_FENCED: LazyLock<String> = LazyLock::new(|| {
+    let settings: Vec<String> = crate::db::STAGE_SETTINGS
+        .iter()
+        .map(|(name, value)| format!("set_config('{name}', '{value}', true)"))
+        .collect();
+    format!(
+        "SELECT set_config('idle_in_transaction_session_timeout', $6, true), {}, \
+         {FENCE_PREDICATE} AS current",
+        settings.join(", ")
+    )
+});
 
 /// Twice the lease duration, in milliseconds: how long a fenced transaction may sit idle before
 /// PostgreSQL ends its session.
@@ -210,13 +217,12 @@ impl HeldLease {
         // row locks it holds) is ended by PostgreSQL so that the new owner is not blocked.
         // The settings and the first check of the lease in one round trip.
         let timeout = idle_timeout_ms(self);
-        let sql = format!("SELECT {FENCED_SETTINGS}, {FENCE_PREDICATE} AS current");
-        let (_, _, _, _, _, current): (String, String, String, String, String, bool) =
-            bind_fence_as(self, sqlx::query_as(&sql))
-                .bind(timeout.to_string())
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|source| db_error(self, op, source))?;
+        let current: bool = bind_fence(self, sqlx::query(BEGIN_FENCED.as_str()))
+            .bind(timeout.to_string())
+            .fetch_one(&mut *tx)
+            .await
+            .and_then(|row| row.try_get("current"))
+            .map_err(|source| db_error(self, op, source))?;
         if !current {
             return Err(fenced_error(self, op));
         }

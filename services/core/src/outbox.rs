@@ -254,6 +254,13 @@ pub async fn mark_published(pool: &PgPool, event_ids: &[Uuid]) -> Result<u64, sq
     Ok(done.rows_affected())
 }
 
+/// [`mark_published`], a failure reported and dropped: the relay produces those events again.
+async fn mark_or_report(pool: &PgPool, ids: &[Uuid]) {
+    if let Err(e) = mark_published(pool, ids).await {
+        tracing::warn!(error = %e, events = ids.len(), "could not mark events published; the recovery scan produces them again");
+    }
+}
+
 /// The most event ids one [`flush_marks`] statement deletes.
 const MARKS_PER_STATEMENT: usize = 4096;
 
@@ -300,9 +307,7 @@ impl MarkQueue {
         } else {
             ids
         };
-        if let Err(e) = mark_published(pool, &ids).await {
-            tracing::warn!(error = %e, events = ids.len(), "could not mark events published; the recovery scan produces them again");
-        }
+        mark_or_report(pool, &ids).await;
     }
 
     /// Runs the flushing task until `stop` fires, then writes what is still queued and returns.
@@ -340,9 +345,7 @@ async fn flush_marks(
                 Err(_) => break,
             }
         }
-        if let Err(e) = mark_published(&pool, &ids).await {
-            tracing::warn!(error = %e, events = ids.len(), "could not mark events published; the recovery scan produces them again");
-        }
+        mark_or_report(&pool, &ids).await;
     }
     rx
 }

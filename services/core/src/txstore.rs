@@ -304,7 +304,7 @@ pub async fn apply(
         ("", "", "NULL::text")
     };
     let audit = audit_returned("landed", 19);
-    // One plan fits every batch (drives run it with generic plans, `fenced::FENCED_SETTINGS`):
+    // One plan fits every batch (drives run it with generic plans, `fenced::BEGIN_FENCED`):
     // the array `u` is read once and each of its rows finds its `managed_tx` row by primary key
     // (`m.chain_id + 0`, `m.signer || ''`: no index serves the signer's predicate, only a check); the
     // audit rows come from the UPDATE's own RETURNING, not from joining `landed` to `u` again.
