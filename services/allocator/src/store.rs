@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use txflow_core::domain::{ChainId, Signer};
-use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced};
+use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced, SIGNER_ROW};
 use txflow_core::lease::LeaseKey;
 use txflow_core::state::{
     self, ALLOCATE, APPROVE, AWAIT_APPROVAL, FAIL_ALLOCATED, FAIL_UNALLOCATED, SIMULATE, TxState,
@@ -66,7 +66,7 @@ pub async fn record_dependencies(
     let sql = format!(
         "UPDATE managed_tx m SET depends_on_request_id = u.parent
          FROM unnest($6::uuid[], $7::text[]) AS u(tx_id, parent)
-         WHERE m.tx_id = u.tx_id AND m.chain_id + 0 = $2 AND m.signer || '' = $3 AND m.state = $8
+         WHERE m.tx_id = u.tx_id AND {SIGNER_ROW} AND m.state = $8
            AND {FENCE_PREDICATE}"
     );
     let touched = w
@@ -191,7 +191,7 @@ pub async fn hold_requests(
                  hold_retry_at = clock_timestamp() + u.wait_ms * interval '1 millisecond',
                  updated_at = now()
              FROM u
-             WHERE m.tx_id = u.tx_id AND m.chain_id + 0 = $2 AND m.signer || '' = $3 AND m.state = $9
+             WHERE m.tx_id = u.tx_id AND {SIGNER_ROW} AND m.state = $9
                AND EXISTS (SELECT 1 FROM fence_ok)
              RETURNING m.tx_id)
          SELECT tx_id FROM held UNION ALL SELECT NULL FROM fence_ok"

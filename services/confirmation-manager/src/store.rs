@@ -11,7 +11,7 @@
 
 use sqlx::PgPool;
 use txflow_core::domain::{ChainId, Signer};
-use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced};
+use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced, SIGNER_ROW};
 use txflow_core::lease::LeaseKey;
 use txflow_core::state::{Move, TxState};
 use txflow_core::txstore::{self, MoveRow};
@@ -161,15 +161,16 @@ pub struct Asked {
 /// These transactions of the writer's signer.
 pub async fn asked(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<Vec<Asked>, FenceError> {
     let key = w.lease().key().clone();
+    let sql = format!(
+        "SELECT tx_id, state, confirmed_at IS NOT NULL AS settled, reorged_at IS NOT NULL AS reorged
+         FROM managed_tx m WHERE tx_id = ANY($1) AND {SIGNER_ROW}"
+    );
     w.read(
         "asked",
-        sqlx::query_as(
-            "SELECT tx_id, state, confirmed_at IS NOT NULL AS settled, reorged_at IS NOT NULL AS reorged
-             FROM managed_tx WHERE tx_id = ANY($1) AND chain_id + 0 = $2 AND signer || '' = $3",
-        )
-        .bind(tx_ids.to_vec())
-        .bind(key.chain_id.0)
-        .bind(key.signer.as_str().to_string()),
+        sqlx::query_as(&sql)
+            .bind(tx_ids.to_vec())
+            .bind(key.chain_id.0)
+            .bind(key.signer.as_str().to_string()),
     )
     .await
 }
@@ -238,7 +239,7 @@ pub async fn bookkeeping(
          FROM unnest($6::uuid[], $7::jsonb[], $8::bigint[], $9::boolean[], $10::boolean[],
                      $11::boolean[], $12::boolean[])
                 AS u(tx_id, list, finished, unwatch, park, unpark, undone)
-         WHERE m.tx_id = u.tx_id AND m.chain_id + 0 = $2 AND m.signer || '' = $3 AND {FENCE_PREDICATE}"
+         WHERE m.tx_id = u.tx_id AND {SIGNER_ROW} AND {FENCE_PREDICATE}"
     );
     let touched = w
         .execute("confirmations", &sql, |q| {

@@ -150,6 +150,12 @@ fn bind_fence_as<'q, T>(
 const SET_IDLE_TIMEOUT: &str = "SELECT set_config('idle_in_transaction_session_timeout', $1, true),
             set_config('plan_cache_mode', 'force_custom_plan', true)";
 
+/// A `managed_tx` row (alias `m`) of the fenced signer (`$2`, `$3`), written so that no index can
+/// serve it: statements that join an array or an id list to `managed_tx` reach each row by
+/// primary key and only check it against the signer, whatever plan a generic planning picks
+/// ([`BEGIN_FENCED`] says why).
+pub const SIGNER_ROW: &str = "m.chain_id + 0 = $2 AND m.signer || '' = $3";
+
 /// The first statement of a fenced transaction (a drive's): its settings, local to it, and the
 /// first check of the lease, in one round trip. The idle timeout is `$6` ([`idle_timeout_ms`]);
 /// the others are [`crate::db::STAGE_SETTINGS`] (generic plans made once per connection and
@@ -164,8 +170,8 @@ const SET_IDLE_TIMEOUT: &str = "SELECT set_config('idle_in_transaction_session_t
 /// when the connection first ran the statement, and kept until the table's statistics change. So
 /// the statements of drives are written to have one good plan whatever the table: rows are
 /// reached by primary key (`tx_id`) from the batch's array or id list, and the signer's own
-/// predicate is written `m.chain_id + 0 = $2 AND m.signer || '' = $3`, which no index can serve,
-/// so that no plan reads the signer's whole history through its `(chain_id, signer, …)` indexes
+/// predicate is written [`SIGNER_ROW`], `m.chain_id + 0 = $2 AND m.signer || '' = $3`, which no
+/// index can serve, so that no plan reads the signer's whole history through its `(chain_id, signer, …)` indexes
 /// (the plan an estimate of "a few rows per signer" picks, made on an empty table); queries by
 /// state name their states as literals, so that the partial indexes stay usable
 /// (`txstore::state_in`); and sequential scans are off, since a plan made on an empty table would

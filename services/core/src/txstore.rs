@@ -21,7 +21,7 @@ use txflow_domain::state::{CREATED_NOOP, CREATED_REQUEST, Move};
 use txflow_domain::{ChainId, FailureCode, Signer, TxState};
 use uuid::Uuid;
 
-use crate::fenced::{FENCE_PREDICATE, FenceError, Fenced};
+use crate::fenced::{FENCE_PREDICATE, FenceError, Fenced, SIGNER_ROW};
 
 /// The audit rows of the rows that landed: `landed(tx_id)` joined with the input `u(tx_id,
 /// event_id, event_type, event)`, for `create` (an INSERT's RETURNING names only the table's
@@ -306,7 +306,7 @@ pub async fn apply(
     let audit = audit_returned("landed", 19);
     // One plan fits every batch (drives run it with generic plans, `fenced::BEGIN_FENCED`):
     // the array `u` is read once and each of its rows finds its `managed_tx` row by primary key
-    // (`m.chain_id + 0`, `m.signer || ''`: no index serves the signer's predicate, only a check); the
+    // (`fenced::SIGNER_ROW`: no index serves the signer's predicate, only a check); the
     // audit rows come from the UPDATE's own RETURNING, not from joining `landed` to `u` again.
     let sql = format!(
         "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
@@ -341,7 +341,7 @@ pub async fn apply(
                  fencing_token = $5,
                  updated_at = now()
              FROM u{prev_from}
-             WHERE m.tx_id = u.tx_id AND m.chain_id + 0 = $2 AND m.signer || '' = $3 {prev_join}
+             WHERE m.tx_id = u.tx_id AND {SIGNER_ROW} {prev_join}
                AND m.state = ANY($17::text[])
                AND (u.expect_nonce IS NULL OR m.nonce = u.expect_nonce)
                AND EXISTS (SELECT 1 FROM fence_ok)
@@ -691,8 +691,8 @@ pub async fn lock_rows(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<Vec<TxRow>
         .read(
             "lock rows",
             sqlx::query_as(&format!(
-                "SELECT {ROW_COLUMNS} FROM managed_tx
-                 WHERE tx_id = ANY($1) AND chain_id + 0 = $2 AND signer || '' = $3 ORDER BY nonce, tx_id FOR UPDATE"
+                "SELECT {ROW_COLUMNS} FROM managed_tx m
+                 WHERE tx_id = ANY($1) AND {SIGNER_ROW} ORDER BY nonce, tx_id FOR UPDATE"
             ))
             .bind(tx_ids.to_vec())
             .bind(key.chain_id.0)

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use txflow_core::domain::{ChainId, Signer};
-use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced};
+use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced, SIGNER_ROW};
 use txflow_core::lease::LeaseKey;
 use txflow_core::state::{MINE, Move, REPLACE, REVERT, TxState};
 use txflow_core::txstore::{self, MinedReceipt, MoveRow, ReceiptWrite};
@@ -161,7 +161,7 @@ pub async fn schedule(w: &mut Fenced<'_>, rows: &[Schedule]) -> Result<(), Fence
                      WHEN 'clear' THEN NULL
                      ELSE m.receipt_stale_since END
              FROM u
-             WHERE m.tx_id = u.tx_id AND m.chain_id + 0 = $2 AND m.signer || '' = $3 AND m.state = $9
+             WHERE m.tx_id = u.tx_id AND {SIGNER_ROW} AND m.state = $9
                AND EXISTS (SELECT 1 FROM fence_ok)
              RETURNING m.tx_id)
          SELECT tx_id FROM done UNION ALL SELECT NULL FROM fence_ok"

@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use txflow_core::domain::{ChainId, Signer};
 use txflow_core::events::{TxFailed, TxSigned};
 use txflow_core::failure::FailureCode;
-use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced};
+use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced, SIGNER_ROW};
 use txflow_core::lease::LeaseKey;
 use txflow_core::retry::{Classify, Retry};
 use txflow_core::stage::HandlerError;
@@ -411,7 +411,7 @@ pub async fn record_cancellations(
                     u.max_fee::numeric, u.tip::numeric, $5
              FROM unnest($6::uuid[], $7::int[], $8::bigint[], $9::text[], $10::bytea[], $11::text[],
                          $12::text[]) AS u(tx_id, generation, nonce, tx_hash, raw_tx, max_fee, tip)
-             JOIN managed_tx m ON m.tx_id = u.tx_id AND m.chain_id + 0 = $2 AND m.signer || '' = $3
+             JOIN managed_tx m ON m.tx_id = u.tx_id AND {SIGNER_ROW}
                               AND m.nonce = u.nonce
              WHERE m.state = ANY($13) AND m.reorged_at IS NOT NULL AND m.mined_block_number IS NULL
                AND EXISTS (SELECT 1 FROM fence_ok)
@@ -537,7 +537,7 @@ pub async fn record_bumps(w: &mut Fenced<'_>, rows: &[Bump]) -> Result<HashSet<U
              FROM unnest($6::uuid[], $7::bigint[], $8::int[], $9::text[], $10::bytea[],
                          $11::text[], $12::text[])
                   AS u(tx_id, nonce, attempt, tx_hash, raw_tx, max_fee, tip)
-             JOIN managed_tx m ON m.tx_id = u.tx_id AND m.chain_id + 0 = $2 AND m.signer || '' = $3
+             JOIN managed_tx m ON m.tx_id = u.tx_id AND {SIGNER_ROW}
                               AND m.nonce = u.nonce
              WHERE m.state = ANY($13)
                AND u.attempt = 1 + (SELECT max(a.attempt) FROM tx_attempts a WHERE a.tx_id = u.tx_id)
