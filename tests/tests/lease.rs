@@ -524,6 +524,84 @@ async fn in_a_batch_a_fenced_signer_rolls_back_alone_and_a_lease_lost_before_com
     );
 }
 
+/// An optimistic batch (no savepoint per signer, the stage runtime's first run of a batch): a
+/// fenced signer's write is refused by its fence, and since its work cannot be undone alone,
+/// discarding it abandons the batch: nothing of it commits, not even the current signer's work.
+/// Without a discard both signers' work commits, and a lease lost before the commit undoes the
+/// batch as in a guarded one.
+#[tokio::test]
+async fn an_optimistic_batch_is_abandoned_whole_when_a_signer_is_discarded_and_fenced_at_commit() {
+    use txflow_core::fenced::{BatchCommitError, BatchTx};
+    let db = TestDb::new().await;
+    let (s1, s2) = (signer(10), signer(11));
+    let cfg = config(5_000, 500);
+    let a = manager(&db.pool, "node-a", cfg);
+    let b = manager(&db.pool, "node-b", cfg);
+    let (l1, _) = held(a.acquire(CHAIN, &s1).await.expect("acquire"));
+    let (l2, _) = held(a.acquire(CHAIN, &s2).await.expect("acquire"));
+
+    // Both current: both signers' work commits, and no savepoint was taken.
+    let mut batch = BatchTx::begin_optimistic(&db.pool, Duration::from_secs(10))
+        .await
+        .expect("begin");
+    assert!(!batch.guarded());
+    for (l, n) in [(&l1, 2), (&l2, 3)] {
+        let mut scope = batch.signer(l).await.expect("no check to fail");
+        scope.writer().allocate_nonces(n).await.expect("writes");
+        scope.keep().await.expect("keep");
+    }
+    batch.commit().await.expect("commits");
+    assert_eq!(cursor(&db.pool, &s1).await, Some((2, 1)));
+    assert_eq!(cursor(&db.pool, &s2).await, Some((3, 1)));
+
+    // s2's lease is taken by node-b: opening its scope does not check, its write is fenced, and
+    // discarding it abandons the batch with s1's work in it.
+    assert!(a.release(&l2).await.expect("release"));
+    held(b.acquire(CHAIN, &s2).await.expect("b takes s2"));
+    let mut batch = BatchTx::begin_optimistic(&db.pool, Duration::from_secs(10))
+        .await
+        .expect("begin");
+    let mut scope = batch.signer(&l1).await.expect("s1");
+    assert_eq!(
+        scope.writer().allocate_nonces(1).await.expect("s1 writes"),
+        vec![2]
+    );
+    scope.keep().await.expect("keep s1");
+    let mut scope = batch.signer(&l2).await.expect("not checked when opened");
+    let err = scope
+        .writer()
+        .allocate_nonces(1)
+        .await
+        .expect_err("s2's write is fenced");
+    assert!(err.is_fenced(), "{err:?}");
+    scope.discard().await.expect("discard");
+    match batch.commit().await {
+        Err(BatchCommitError::Abandoned) => {}
+        other => panic!("expected the batch to be abandoned, got {other:?}"),
+    }
+    assert_eq!(
+        cursor(&db.pool, &s1).await,
+        Some((2, 1)),
+        "s1's work in the abandoned batch was rolled back"
+    );
+    assert_eq!(cursor(&db.pool, &s2).await, Some((3, 1)));
+
+    // s1's lease is lost after its work was kept, before the commit: nothing is applied.
+    let mut batch = BatchTx::begin_optimistic(&db.pool, Duration::from_secs(10))
+        .await
+        .expect("begin");
+    let mut scope = batch.signer(&l1).await.expect("s1");
+    scope.writer().allocate_nonces(1).await.expect("s1 writes");
+    scope.keep().await.expect("keep s1");
+    assert!(a.release(&l1).await.expect("release"));
+    held(b.acquire(CHAIN, &s1).await.expect("b takes s1"));
+    match batch.commit().await {
+        Err(BatchCommitError::Fenced(lost)) => assert_eq!(lost, vec![l1.clone()]),
+        other => panic!("expected the commit to be fenced, got {other:?}"),
+    }
+    assert_eq!(cursor(&db.pool, &s1).await, Some((2, 1)), "rolled back");
+}
+
 /// Lease rows are locked in one order everywhere (issue 12 point 6): a node committing batches
 /// and renewing its leases (share and row locks on many lease rows, its signers in any order)
 /// while another node tries to take the same leases (`acquire_many`, rows locked in address

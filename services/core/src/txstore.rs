@@ -386,8 +386,9 @@ pub async fn apply(
 }
 
 /// `fsm.transition{from,to}` for the rows a move's statement moved (counted when the statement
-/// lands: a transaction rolled back afterwards, which is rare — a lease lost at commit — is
-/// counted all the same).
+/// lands: a transaction rolled back afterwards, which is rare — a lease lost at commit, or an
+/// optimistic batch that a failing signer made the runtime run again guarded — is counted all
+/// the same).
 fn count_transitions(m: Move, out: &[(Option<Uuid>, Option<i64>, Option<String>)]) {
     let metrics = crate::metrics::get();
     if let [from] = m.from {

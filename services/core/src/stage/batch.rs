@@ -1,5 +1,6 @@
-//! Processing one batch: decode and route → acquire or renew the leases → one `BatchTx` with a
-//! savepoint per signer → commit → dead letters and outputs, acknowledged → only then the
+//! Processing one batch: decode and route → acquire or renew the leases → one `BatchTx`
+//! (optimistic: no savepoint per signer; run again with a savepoint per signer if a signer's work
+//! fails) → commit → dead letters and outputs, acknowledged → only then the
 //! offsets ([`OffsetPlan`]) → drive the signers whose work committed.
 //!
 //! What becomes of a message the handler could not apply ([`HandlerError`]):
@@ -355,20 +356,51 @@ impl<H: Handler> StageRuntime<H> {
         items
     }
 
-    /// Runs the handler for every signer of the batch in one `BatchTx`, a savepoint per signer,
-    /// and commits it.
+    /// Runs the handler for every signer of the batch in one `BatchTx` and commits it. First
+    /// optimistically, without a savepoint per signer ([`BatchTx::begin_optimistic`]); if a
+    /// signer's work fails there, that run is rolled back and the batch runs again guarded, a
+    /// savepoint per signer, so that the failing signer is rolled back alone and the others
+    /// commit. Handlers are idempotent and nothing of the first run was committed, so running
+    /// them twice changes nothing.
     async fn apply(
         &self,
         items: &[Item<H::Input>],
         by_signer: &BTreeMap<(ChainId, Signer), Vec<usize>>,
         leases: &std::collections::HashMap<(ChainId, Signer), HeldLease>,
     ) -> Applied {
+        if let Some(applied) = self.apply_in(items, by_signer, leases, false).await {
+            return applied;
+        }
+        tracing::debug!(
+            role = %self.handler.role(),
+            "a signer's work failed in the optimistic batch: running the batch again with a savepoint per signer"
+        );
+        self.apply_in(items, by_signer, leases, true)
+            .await
+            .unwrap_or_default()
+    }
+
+    /// One run of [`Self::apply`]: `guarded`, a savepoint per signer; otherwise none, and `None`
+    /// (everything rolled back) as soon as a signer's work fails.
+    async fn apply_in(
+        &self,
+        items: &[Item<H::Input>],
+        by_signer: &BTreeMap<(ChainId, Signer), Vec<usize>>,
+        leases: &std::collections::HashMap<(ChainId, Signer), HeldLease>,
+        guarded: bool,
+    ) -> Option<Applied> {
         let mut applied = Applied::default();
-        let mut tx = match BatchTx::begin(&self.pool, self.config.lease.duration * 2).await {
+        let idle = self.config.lease.duration * 2;
+        let begun = if guarded {
+            BatchTx::begin(&self.pool, idle).await
+        } else {
+            BatchTx::begin_optimistic(&self.pool, idle).await
+        };
+        let mut tx = match begun {
             Ok(tx) => tx,
             Err(e) => {
                 tracing::warn!(error = ?e, "cannot begin the batch transaction");
-                return applied; // not committed: everything comes again
+                return Some(applied); // not committed: everything comes again
             }
         };
         let mut first_signer = true;
@@ -463,6 +495,11 @@ impl<H: Handler> StageRuntime<H> {
                         crate::txstore::record_traces(&mut scope.writer(), &traces).await
                     {
                         tracing::warn!(error = ?e, signer = %signer.1, "could not record the trace context");
+                        if !guarded {
+                            // The transaction may be aborted: run the batch again, guarded.
+                            drop(scope);
+                            return abandon(tx).await;
+                        }
                     }
                 }
                 match scope.keep().await {
@@ -478,6 +515,10 @@ impl<H: Handler> StageRuntime<H> {
                 }
                 continue;
             };
+            if !guarded {
+                drop(scope);
+                return abandon(tx).await;
+            }
             let _ = scope.discard().await;
             applied.retry.extend(idxs);
             let dead_letter = match e {
@@ -516,6 +557,17 @@ impl<H: Handler> StageRuntime<H> {
                 false
             }
         };
-        applied
+        Some(applied)
     }
+}
+
+/// An optimistic batch in which a signer's work failed: everything is rolled back (`None`), and
+/// the batch runs again guarded.
+async fn abandon(tx: BatchTx) -> Option<Applied> {
+    if let Err(e) = tx.rollback().await {
+        // The connection goes back to the pool either way: sqlx rolls back a dropped
+        // transaction.
+        tracing::debug!(error = ?e, "rolling back the optimistic batch");
+    }
+    None
 }
