@@ -59,6 +59,23 @@ async fn cursor(pool: &PgPool, s: &Signer) -> Option<(i64, i64)> {
         .expect("read cursor")
 }
 
+/// `l`'s lease (held by `a`) is taken by `b` after `l`'s work was kept in `batch`, before the
+/// batch commits: the commit is fenced, naming `l`, and applies nothing.
+async fn stolen_before_commit(
+    batch: txflow_core::fenced::BatchTx,
+    a: &LeaseManager,
+    b: &LeaseManager,
+    l: &HeldLease,
+) {
+    use txflow_core::fenced::BatchCommitError;
+    assert!(a.release(l).await.expect("release"));
+    held(b.acquire(CHAIN, &l.key().signer).await.expect("b takes it"));
+    match batch.commit().await {
+        Err(BatchCommitError::Fenced(lost)) => assert_eq!(lost, vec![l.clone()]),
+        other => panic!("expected the commit to be fenced, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_paused_owner_resuming_after_a_steal_is_fenced_and_the_new_owner_is_intact() {
     let db = TestDb::new().await;
@@ -470,7 +487,7 @@ async fn a_critical_write_without_the_fencing_predicate_is_refused() {
 #[tokio::test]
 async fn in_a_batch_a_fenced_signer_rolls_back_alone_and_a_lease_lost_before_commit_undoes_the_batch()
  {
-    use txflow_core::fenced::{BatchCommitError, BatchTx};
+    use txflow_core::fenced::BatchTx;
     let db = TestDb::new().await;
     let (s1, s2) = (signer(8), signer(9));
     let cfg = config(5_000, 500);
@@ -511,12 +528,7 @@ async fn in_a_batch_a_fenced_signer_rolls_back_alone_and_a_lease_lost_before_com
         vec![2]
     );
     scope.keep().await.expect("keep s1");
-    assert!(a.release(&l1).await.expect("release"));
-    held(b.acquire(CHAIN, &s1).await.expect("b takes s1"));
-    match batch.commit().await {
-        Err(BatchCommitError::Fenced(lost)) => assert_eq!(lost, vec![l1.clone()]),
-        other => panic!("expected the commit to be fenced, got {other:?}"),
-    }
+    stolen_before_commit(batch, &a, &b, &l1).await;
     assert_eq!(
         cursor(&db.pool, &s1).await,
         Some((2, 1)),
@@ -593,12 +605,7 @@ async fn an_optimistic_batch_is_abandoned_whole_when_a_signer_is_discarded_and_f
     let mut scope = batch.signer(&l1).await.expect("s1");
     scope.writer().allocate_nonces(1).await.expect("s1 writes");
     scope.keep().await.expect("keep s1");
-    assert!(a.release(&l1).await.expect("release"));
-    held(b.acquire(CHAIN, &s1).await.expect("b takes s1"));
-    match batch.commit().await {
-        Err(BatchCommitError::Fenced(lost)) => assert_eq!(lost, vec![l1.clone()]),
-        other => panic!("expected the commit to be fenced, got {other:?}"),
-    }
+    stolen_before_commit(batch, &a, &b, &l1).await;
     assert_eq!(cursor(&db.pool, &s1).await, Some((2, 1)), "rolled back");
 }
 
