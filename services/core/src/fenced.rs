@@ -153,7 +153,7 @@ const SET_IDLE_TIMEOUT: &str = "SELECT set_config('idle_in_transaction_session_t
 /// A `managed_tx` row (alias `m`) of the fenced signer (`$2`, `$3`), written so that no index can
 /// serve it: statements that join an array or an id list to `managed_tx` reach each row by
 /// primary key and only check it against the signer, whatever plan a generic planning picks
-/// ([`BEGIN_FENCED`] says why).
+/// (the doc of the private `BEGIN_FENCED` says why).
 pub const SIGNER_ROW: &str = "m.chain_id + 0 = $2 AND m.signer || '' = $3";
 
 /// The first statement of a fenced transaction (a drive's): its settings, local to it, and the
@@ -570,7 +570,9 @@ impl BatchTx {
         Self::begin_with(pool, idle_timeout, false).await
     }
 
-    async fn begin_with(
+    /// Begins a guarded batch ([`BatchTx::begin`]) or an optimistic one
+    /// ([`BatchTx::begin_optimistic`]).
+    pub async fn begin_with(
         pool: &PgPool,
         idle_timeout: std::time::Duration,
         guarded: bool,

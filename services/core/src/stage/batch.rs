@@ -391,12 +391,7 @@ impl<H: Handler> StageRuntime<H> {
     ) -> Option<Applied> {
         let mut applied = Applied::default();
         let idle = self.config.lease.duration * 2;
-        let begun = if guarded {
-            BatchTx::begin(&self.pool, idle).await
-        } else {
-            BatchTx::begin_optimistic(&self.pool, idle).await
-        };
-        let mut tx = match begun {
+        let mut tx = match BatchTx::begin_with(&self.pool, idle, guarded).await {
             Ok(tx) => tx,
             Err(e) => {
                 tracing::warn!(error = ?e, "cannot begin the batch transaction");
@@ -497,7 +492,7 @@ impl<H: Handler> StageRuntime<H> {
                         tracing::warn!(error = ?e, signer = %signer.1, "could not record the trace context");
                         if !guarded {
                             // The transaction may be aborted: run the batch again, guarded.
-                            drop(scope);
+                            let _ = scope.discard().await;
                             return abandon(tx).await;
                         }
                     }
@@ -515,11 +510,11 @@ impl<H: Handler> StageRuntime<H> {
                 }
                 continue;
             };
+            let _ = scope.discard().await;
             if !guarded {
-                drop(scope);
+                // Discarded, the optimistic batch cannot commit: run it again, guarded.
                 return abandon(tx).await;
             }
-            let _ = scope.discard().await;
             applied.retry.extend(idxs);
             let dead_letter = match e {
                 HandlerError::LeaseLost(_) => {
@@ -561,8 +556,8 @@ impl<H: Handler> StageRuntime<H> {
     }
 }
 
-/// An optimistic batch in which a signer's work failed: everything is rolled back (`None`), and
-/// the batch runs again guarded.
+/// An optimistic batch abandoned by a discarded signer ([`crate::fenced::SignerScope::discard`]):
+/// everything is rolled back (`None`), and the batch runs again guarded.
 async fn abandon(tx: BatchTx) -> Option<Applied> {
     if let Err(e) = tx.rollback().await {
         // The connection goes back to the pool either way: sqlx rolls back a dropped
