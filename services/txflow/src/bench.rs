@@ -349,6 +349,11 @@ struct PipelineRun {
     duplicates: usize,
     unmined: usize,
     nonce_gaps: u64,
+    /// Requests signed more than once (more than one attempt recorded): a gas bump replaced the
+    /// transaction, or it was signed again for a new nonce. A run with one waited for that (a
+    /// gas bump comes after a minute by default), so its `tx_per_s` is not the pipeline's
+    /// throughput (ARCHITECTURE "Eighth session": a transaction anvil left in its pool).
+    resigned: u64,
     /// First send → last request mined.
     elapsed: Duration,
     /// Request → SUBMITTED, ms, sorted.
@@ -390,6 +395,12 @@ impl PipelineRun {
             self.mined, self.duplicates, self.unmined
         );
         println!("nonce gaps {}", self.nonce_gaps);
+        if self.resigned > 0 {
+            println!(
+                "re-signed  {} (a gas bump or a new nonce: the time below includes that wait)",
+                self.resigned
+            );
+        }
         println!(
             "time       {:.1} s  ({:.0} tx/s)",
             self.elapsed.as_secs_f64(),
@@ -442,6 +453,7 @@ impl PipelineRun {
             "duplicates": self.duplicates,
             "unmined": self.unmined,
             "nonce_gaps": self.nonce_gaps,
+            "resigned": self.resigned,
             "seconds": self.elapsed.as_secs_f64(),
             "tx_per_s": self.tx_per_s(),
             "p50_ms": percentile(lat, 0.5),
@@ -665,6 +677,7 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
         })
         .sum();
     let submitted = event_times(&pool, &run, "TxSubmitted").await?;
+    let resigned = resigned(&pool, &run).await?;
     let confirmed = match confirmed {
         Some((n, in_time)) => Some(ConfirmedRun {
             confirmed: n,
@@ -685,6 +698,7 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
         duplicates,
         unmined,
         nonce_gaps,
+        resigned,
         elapsed,
         latencies: latencies(&submitted, &sent.at),
         offered: sent.offered,
@@ -862,6 +876,22 @@ async fn event_times(
     .bind(event_type)
     .fetch_all(pool)
     .await?)
+}
+
+/// How many of the run's measured requests have more than one attempt recorded: signed again
+/// for a gas bump or a new nonce.
+async fn resigned(pool: &sqlx::PgPool, run: &str) -> anyhow::Result<u64> {
+    let (like, not_like) = Phase::Measured.patterns(run);
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT m.tx_id)
+         FROM managed_tx m JOIN tx_attempts a ON a.tx_id = m.tx_id AND a.attempt > 1
+         WHERE m.request_id LIKE $1 AND m.request_id NOT LIKE $2",
+    )
+    .bind(like)
+    .bind(not_like)
+    .fetch_one(pool)
+    .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// Milliseconds from each request's send to `at`, sorted.

@@ -532,6 +532,9 @@ async fn bench_compare_reports_the_pipeline_next_to_the_chain_alone() {
     assert_eq!(r["duplicates"], 0, "{r}");
     assert_eq!(r["unmined"], 0, "{r}");
     assert_eq!(r["nonce_gaps"], 0, "{r}");
+    // Read from PostgreSQL: requests signed more than once (a gas bump, a new nonce; normally
+    // none).
+    assert!(r["resigned"].is_u64(), "{r}");
     assert_eq!(r["anvil_mined"], 20, "{r}");
     assert_eq!(r["anvil_refused"], 0, "{r}");
     let (tx_per_s, anvil_tx_per_s) = (number(&r, "tx_per_s"), number(&r, "anvil_tx_per_s"));
