@@ -26,6 +26,11 @@
 //! the latency of each request, arrival → ALLOCATED committed, is reported.
 //!
 //! After the run the nonces are read back from PostgreSQL: exactly `0..n-1`, each held once.
+//!
+//! The CPU seconds of this process, of PostgreSQL and of the machine over the batches are
+//! reported too (`cpu_s`, as the pipeline bench's, broker and node `null`), with the machine's per
+//! batch: what a signer's batch and drive cost whatever they carry (ARCHITECTURE "Eighth
+//! session").
 
 use std::time::{Duration, Instant};
 
@@ -218,6 +223,8 @@ pub async fn run(
     let (mut batch_ms, mut record_ms, mut drive_ms) = (Vec::new(), Vec::new(), Vec::new());
     let mut announced = 0usize;
     let mut latency_ms = Vec::with_capacity(requests.len());
+    let probe = crate::bench_cpu::CpuProbe::new("", "", &config.database_url);
+    let cpu_start = probe.sample();
     let started = Instant::now();
     // When request `i` arrives: at the start (a backlog) or steadily at `rate`.
     let arrival = |i: usize| match rate {
@@ -288,6 +295,7 @@ pub async fn run(
         next = end;
     }
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_start.until(&probe.sample());
     leases.release(&lease).await?;
 
     // The outcome, from PostgreSQL: every nonce 0..n-1 held once, every request ALLOCATED.
@@ -328,6 +336,11 @@ pub async fn run(
         pct(&record_ms, 0.5),
         pct(&drive_ms, 0.5)
     );
+    let cpu_ms_per_batch = cpu.machine.map(|s| s * 1000.0 / batches.max(1) as f64);
+    println!("  {}", cpu.line());
+    if let Some(ms) = cpu_ms_per_batch {
+        println!("  machine CPU per batch (record + drive): {ms:.2} ms");
+    }
     if let Some(r) = rate {
         println!(
             "  at {r}/s offered: arrival → ALLOCATED p50 {:.1} ms, p99 {:.1} ms; mean batch {:.1}",
@@ -359,6 +372,8 @@ pub async fn run(
             "p50_drive_ms": pct(&drive_ms, 0.5),
             "chain_id": BENCH_CHAIN_ID,
             "signer": signer.as_str(),
+            "cpu_s": cpu.json(),
+            "machine_cpu_ms_per_batch": cpu_ms_per_batch,
         });
         println!("{report}");
     }

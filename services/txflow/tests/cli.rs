@@ -342,6 +342,16 @@ async fn bench_allocate_takes_gap_free_nonces_for_one_hot_signer() {
     assert_eq!(r["duplicates"], 0, "{r}");
     // 500 in batches of 120: four full ones and a last of 20.
     assert_eq!(r["batches"], 5, "{r}");
+    // The CPU over the batches (a fraction of a second here: a process's share may round to 0
+    // ticks, the machine's does not): this process's and PostgreSQL's, no broker or node.
+    for who in ["txflow", "postgres", "postgres_db", "machine"] {
+        assert!(number(&r["cpu_s"], who) >= 0.0, "{who}: {r}");
+    }
+    assert!(
+        r["cpu_s"]["broker"].is_null() && r["cpu_s"]["anvil"].is_null(),
+        "{r}"
+    );
+    assert!(number(&r, "machine_cpu_ms_per_batch") > 0.0, "{r}");
     let signer = r["signer"].as_str().expect("signer").to_string();
     let chain_id = r["chain_id"].as_i64().expect("chain_id");
     let nonces: Vec<i64> = sqlx::query_scalar(
