@@ -149,7 +149,8 @@ async fn attempt(pool: &PgPool, id: Uuid, due: bool) {
 async fn live_rows(pool: &PgPool) -> Live {
     use TxState::*;
     // The allocator's: requests to simulate (one plain, one held alone, one chained to a
-    // confirmed parent), to allocate, awaiting approval; a released nonce of another signer.
+    // confirmed parent), to allocate, awaiting approval, the signer held; a released nonce of
+    // another signer.
     let received = insert_tx(pool, ALLOCATOR, "live-received", Received, None).await;
     let parent = insert_tx(pool, PARENTS, "live-parent", Confirmed, Some(LIVE_NONCE)).await;
     exec(
@@ -192,6 +193,15 @@ async fn live_rows(pool: &PgPool) -> Live {
         .execute(pool)
         .await
         .expect("recycled nonce");
+    // The allocator holds the signer whose requests it simulates (it could pay for none).
+    sqlx::query(
+        "INSERT INTO signer_holds (role, chain_id, signer, reason) VALUES ('allocator', $1, $2, 'insufficient funds')",
+    )
+    .bind(CHAIN)
+    .bind(signer(ALLOCATOR))
+    .execute(pool)
+    .await
+    .expect("signer hold");
 
     // The signer gateway's: a transaction to sign, its TxAllocated left unpublished (the outbox).
     let allocated = insert_tx(pool, GATEWAY, "live-allocated", Allocated, Some(LIVE_NONCE)).await;
@@ -571,9 +581,31 @@ async fn probes(pool: &PgPool, notices: &Notices) -> Vec<Probe> {
     probe!(
         out,
         notices,
-        "allocator rows RECEIVED",
-        allocator::rows(pool, &a, &[TxState::Received]),
-        |r: Vec<txflow_core::txstore::TxRow>| ids(r.iter().map(|t| t.tx_id))
+        "allocator received",
+        allocator::received(pool, &a),
+        |r: Vec<allocator::ReceivedRow>| ids(r.iter().map(|t| t.row.tx_id))
+    );
+    probe!(
+        out,
+        notices,
+        "allocator received, held and chained",
+        allocator::received(pool, &a),
+        |r: Vec<allocator::ReceivedRow>| {
+            let mut v: Vec<String> = r
+                .iter()
+                .filter(|t| t.hold.is_some() || t.chained)
+                .map(|t| {
+                    format!(
+                        "{} held={} chained={}",
+                        t.row.tx_id,
+                        t.hold.is_some(),
+                        t.chained
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        }
     );
     probe!(
         out,
@@ -588,13 +620,6 @@ async fn probes(pool: &PgPool, notices: &Notices) -> Vec<Probe> {
     probe!(
         out,
         notices,
-        "allocator request_holds",
-        allocator::request_holds(pool, &a),
-        |r: Vec<allocator::HeldRequest>| ids(r.iter().map(|h| h.tx_id))
-    );
-    probe!(
-        out,
-        notices,
         "allocator rows_limited SIMULATED, REPLACED",
         allocator::rows_limited(
             pool,
@@ -604,19 +629,34 @@ async fn probes(pool: &PgPool, notices: &Notices) -> Vec<Probe> {
         ),
         |r: Vec<txflow_core::txstore::TxRow>| ids(r.iter().map(|t| t.tx_id))
     );
+    // The drive's snapshot, of the signers with something for each of its answers.
+    let snapshot = |s: allocator::DriveSnapshot| {
+        vec![format!(
+            "in_flight={} waiting={} replaced={} released={} held={}",
+            s.in_flight, s.waiting, s.replaced, s.released, s.held
+        )]
+    };
+    let timeout = std::time::Duration::from_secs(60);
     probe!(
         out,
         notices,
-        "allocator has_replaced",
-        allocator::has_replaced(pool, &a),
-        |r: bool| vec![r.to_string()]
+        "allocator drive_snapshot (allocator's signer)",
+        allocator::drive_snapshot(pool, &a, timeout),
+        snapshot
     );
     probe!(
         out,
         notices,
-        "allocator in_flight",
-        allocator::in_flight(pool, &key(Role::Allocator, BROADCASTER)),
-        |r: i64| vec![r.to_string()]
+        "allocator drive_snapshot (broadcaster's signer)",
+        allocator::drive_snapshot(pool, &key(Role::Allocator, BROADCASTER), timeout),
+        snapshot
+    );
+    probe!(
+        out,
+        notices,
+        "allocator drive_snapshot (released nonce)",
+        allocator::drive_snapshot(pool, &key(Role::Allocator, RECYCLED), timeout),
+        snapshot
     );
     probe!(
         out,
@@ -753,21 +793,38 @@ fn expected(live: &Live) -> Vec<(String, Vec<String>)> {
     let drives = [
         ("outbox unpublished", ids([live.unpublished])),
         (
-            "allocator rows RECEIVED",
+            "allocator received",
             ids([live.received, live.chained, live.held]),
         ),
+        ("allocator received, held and chained", {
+            let mut v = vec![
+                format!("{} held=true chained=false", live.held),
+                format!("{} held=false chained=true", live.chained),
+            ];
+            v.sort();
+            v
+        }),
         (
             "allocator parents",
             vec![format!("{} <- {:?}", live.chained, Some(live.parent))],
         ),
-        ("allocator request_holds", ids([live.held])),
         (
             "allocator rows_limited SIMULATED, REPLACED",
             ids([live.simulated, live.replaced]),
         ),
-        ("allocator has_replaced", vec!["true".to_string()]),
+        (
+            "allocator drive_snapshot (allocator's signer)",
+            vec!["in_flight=0 waiting=true replaced=true released=0 held=true".to_string()],
+        ),
         // The broadcaster's signer: one SIGNED, one SUBMITTED.
-        ("allocator in_flight", vec!["2".to_string()]),
+        (
+            "allocator drive_snapshot (broadcaster's signer)",
+            vec!["in_flight=2 waiting=false replaced=false released=0 held=false".to_string()],
+        ),
+        (
+            "allocator drive_snapshot (released nonce)",
+            vec!["in_flight=0 waiting=false replaced=false released=1 held=false".to_string()],
+        ),
         ("allocator expired_approvals", ids([live.approval])),
         ("allocator signers_with_expired_approvals", s(&[ALLOCATOR])),
         ("allocator ready_signers", s(&[ALLOCATOR])),

@@ -307,9 +307,20 @@ impl Handler for RequestStage {
         } else {
             Vec::new()
         };
-        outputs.extend(self.simulate(&ctx).await?);
-        outputs.extend(self.allocate(&ctx).await?);
-        outputs.extend(self.fill_released(&ctx).await?);
+        // What allocation, the fill of released nonces and the signer's hold need to know, in
+        // one statement before anything else: each phase then reads only what it works on.
+        let snapshot =
+            store::drive_snapshot(ctx.pool, ctx.lease.key(), self.config.nonce_state_timeout)
+                .await
+                .map_err(|e| HandlerError::transient("drive snapshot", e))?;
+        let (simulated_outputs, simulated) = self.simulate(&ctx, &snapshot).await?;
+        outputs.extend(simulated_outputs);
+        outputs.extend(self.allocate(&ctx, &snapshot, simulated).await?);
+        // A nonce released after the snapshot was taken is filled by a later drive: the
+        // recovery scan drives every signer with one (`pending_signers`).
+        if snapshot.released > 0 {
+            outputs.extend(self.fill_released(&ctx).await?);
+        }
         Ok(outputs)
     }
 }
@@ -384,27 +395,39 @@ impl RequestStage {
     /// stays RECEIVED: held alone (its reason on its row, simulated again after a back-off) when
     /// the signer can pay for others, or with the whole signer held when it can pay for none
     /// ([`decide::signer_funds`]). Requests held alone are not simulated before their
-    /// `hold_retry_at`.
-    async fn simulate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+    /// `hold_retry_at`. Returns the announcements and the rows that landed SIMULATED, as they
+    /// now are (allocation takes them without reading them again when nothing else waited).
+    async fn simulate(
+        &self,
+        ctx: &DriveCtx<'_>,
+        snapshot: &store::DriveSnapshot,
+    ) -> Result<(Vec<Output>, Vec<TxRow>), HandlerError> {
         let lease = ctx.lease;
-        let rows = store::rows(ctx.pool, lease.key(), &[TxState::Received])
+        let received = store::received(ctx.pool, lease.key())
             .await
             .map_err(|e| HandlerError::classified("list received", e))?;
-        if rows.is_empty() {
-            return Ok(Vec::new());
+        if received.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
         }
+        let holds: BTreeMap<Uuid, store::RequestHoldState> = received
+            .iter()
+            .filter_map(|r| r.hold.map(|h| (r.row.tx_id, h)))
+            .collect();
+        let chained = received.iter().any(|r| r.chained);
+        let rows: Vec<TxRow> = received.into_iter().map(|r| r.row).collect();
         // Chained requests whose parent is not CONFIRMED yet wait; those whose parent failed
         // fail (their own transaction, committed here). The rest are simulated.
-        let (rows, mut outputs) = self.dependencies(ctx, rows).await?;
-        let holds = store::request_holds(ctx.pool, lease.key())
-            .await
-            .map_err(|e| HandlerError::transient("request holds", e))?;
+        let (rows, mut outputs) = if chained {
+            self.dependencies(ctx, rows).await?
+        } else {
+            (rows, Vec::new())
+        };
         let rows: Vec<TxRow> = rows
             .into_iter()
-            .filter(|r| !holds.iter().any(|h| h.tx_id == r.tx_id && h.waiting))
+            .filter(|r| !holds.get(&r.tx_id).is_some_and(|h| h.waiting))
             .collect();
         if rows.is_empty() {
-            return Ok(outputs);
+            return Ok((outputs, Vec::new()));
         }
         let from = signer_address(lease)?;
         // The calls run outside any transaction, several at a time.
@@ -466,7 +489,7 @@ impl RequestStage {
                 txflow_core::holds::hold(ctx.pool, lease.key(), &reason)
                     .await
                     .map_err(|e| HandlerError::transient("hold", e))?;
-                return Ok(outputs);
+                return Ok((outputs, Vec::new()));
             }
             decide::SignerFunds::Retry { reason } => {
                 return Err(HandlerError::transient(
@@ -476,13 +499,19 @@ impl RequestStage {
             }
             decide::SignerFunds::Enough | decide::SignerFunds::HoldRequests => {}
         }
-        txflow_core::holds::resume(ctx.pool, lease.key())
-            .await
-            .map_err(|e| HandlerError::transient("resume", e))?;
+        // Only this stage, under the signer's lock, holds it: the snapshot tells whether a
+        // hold is there to clear.
+        if snapshot.held {
+            txflow_core::holds::resume(ctx.pool, lease.key())
+                .await
+                .map_err(|e| HandlerError::transient("resume", e))?;
+        }
 
         let token = lease.token().0;
         let (mut simulated, mut waiting, mut failing, mut failed, mut held) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // The rows as they are once SIMULATED, for allocation.
+        let mut as_simulated = Vec::new();
         for (row, d) in rows.iter().zip(&decisions) {
             match d {
                 AfterSimulation::Simulated(p) | AfterSimulation::AwaitApproval(p) => {
@@ -496,6 +525,13 @@ impl RequestStage {
                     });
                     let mut row_move = MoveRow::new(row.tx_id, Uuid::new_v4(), event);
                     row_move.payload = Some(json(p)?);
+                    if matches!(d, AfterSimulation::Simulated(_)) {
+                        as_simulated.push(TxRow {
+                            state: TxState::Simulated,
+                            payload: json(p)?,
+                            ..row.clone()
+                        });
+                    }
                     list.push(row_move);
                 }
                 AfterSimulation::Fail { code, reason } => {
@@ -505,8 +541,7 @@ impl RequestStage {
                 }
                 AfterSimulation::CannotPay { reason } => {
                     let attempts = holds
-                        .iter()
-                        .find(|h| h.tx_id == row.tx_id)
+                        .get(&row.tx_id)
                         .map_or(0, |h| h.attempts)
                         .saturating_add(1);
                     let reason = truncate_reason(&decide::request_hold_reason(reason));
@@ -528,13 +563,14 @@ impl RequestStage {
         let landed = store::fail_unallocated(&mut tx.writer(), &failing).await?;
         // A request that needs approval waits without a nonce, so it blocks nobody.
         store::await_approval(&mut tx.writer(), &waiting).await?;
-        store::simulated(&mut tx.writer(), &simulated).await?;
+        let moved = store::simulated(&mut tx.writer(), &simulated).await?;
         // A request that cannot be paid waits without a nonce too, so it blocks nobody either.
         store::hold_requests(&mut tx.writer(), &held).await?;
         tx.commit().await?;
         metrics::get().tx_create(metrics::create_result::HELD, held.len() as u64);
         outputs.extend(self.failures(&key, failed, &landed));
-        Ok(outputs)
+        as_simulated.retain(|r| moved.iter().any(|l| l.tx_id == r.tx_id));
+        Ok((outputs, as_simulated))
     }
 
     /// Sorts RECEIVED `rows` by what they depend on (`managed_tx.depends_on_request_id`, a
@@ -636,7 +672,7 @@ impl RequestStage {
     /// taken for it; the signer's others are allocated.
     ///
     /// Within the in-flight budget (`nonce.max_in_flight`, [`decide::within_budget`]): the
-    /// signer's nonces in flight are counted first (one statement), and only the room left is
+    /// signer's nonces in flight are counted first (the drive's snapshot), and only the room left is
     /// allocated. The others stay SIMULATED / REPLACED without a nonce (nothing fails, nothing
     /// is dead-lettered) and are allocated by a later drive as mining frees the budget: after
     /// the next batch of the signer's requests, the runtime's drive of ready signers (about a
@@ -644,12 +680,24 @@ impl RequestStage {
     /// (the signer stays among the pending ones while it has requests waiting). At the budget
     /// by PostgreSQL's states, the chain's latest nonce is asked once, and only the nonces at or
     /// above it count (a receipt not yet recorded must not stall allocation); a signer still at
-    /// the budget then costs a drive three reads and that one call.
-    async fn allocate(&self, ctx: &DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
+    /// the budget then costs a drive its snapshot, two reads and that one call.
+    ///
+    /// The rows come from the drive's snapshot and simulation when nothing waited for a nonce
+    /// before the drive: `simulated` (those it moved to SIMULATED, as they now are) are then
+    /// the oldest waiting, and are not read again.
+    async fn allocate(
+        &self,
+        ctx: &DriveCtx<'_>,
+        snapshot: &store::DriveSnapshot,
+        simulated: Vec<TxRow>,
+    ) -> Result<Vec<Output>, HandlerError> {
         let lease = ctx.lease;
-        let mut in_flight = store::in_flight(ctx.pool, lease.key())
-            .await
-            .map_err(|e| HandlerError::transient("in flight", e))?;
+        // Nothing waited when the drive began, and its simulation moved nothing on: no read, no
+        // call.
+        if !snapshot.waiting && simulated.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut in_flight = snapshot.in_flight;
         let max_in_flight = self.config.max_in_flight;
         let mut room = decide::within_budget(usize::MAX, in_flight, max_in_flight);
         if room == 0 {
@@ -670,14 +718,23 @@ impl RequestStage {
         }
         // At the budget one row is still read: whether anything waits, for the report.
         let limit = i64::try_from(room.max(1)).unwrap_or(decide::MAX_ALLOCATIONS_PER_DRIVE);
-        let rows = store::rows_limited(
-            ctx.pool,
-            lease.key(),
-            &[TxState::Simulated, TxState::Replaced],
-            limit,
-        )
-        .await
-        .map_err(|e| HandlerError::classified("list allocatable", e))?;
+        let rows = if snapshot.waiting {
+            store::rows_limited(
+                ctx.pool,
+                lease.key(),
+                &[TxState::Simulated, TxState::Replaced],
+                limit,
+            )
+            .await
+            .map_err(|e| HandlerError::classified("list allocatable", e))?
+        } else {
+            // Nothing waited before: the oldest waiting now are those this drive simulated, in
+            // request order. One made SIMULATED or REPLACED meanwhile by another (an approval,
+            // a reorg) is allocated by the next drive, the recovery scan's at the latest.
+            let mut rows = simulated;
+            rows.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+            rows
+        };
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -690,15 +747,10 @@ impl RequestStage {
             }
             return Ok(Vec::new());
         }
-        let db = |what: &'static str| move |e: sqlx::Error| HandlerError::transient(what, e);
-        let replaced = store::has_replaced(ctx.pool, lease.key())
-            .await
-            .map_err(db("replaced"))?;
-        let fresh = store::cursor_fresh(ctx.pool, lease.key(), self.config.nonce_state_timeout)
-            .await
-            .map_err(db("cursor"))?;
+        // A REPLACED row read here that the snapshot did not see counts too.
+        let replaced = snapshot.replaced || rows.iter().any(|r| r.state == TxState::Replaced);
         // External calls first, outside the transaction.
-        let chain_nonce = if decide::needs_chain_nonce(fresh, replaced) {
+        let chain_nonce = if decide::needs_chain_nonce(snapshot.cursor_fresh, replaced) {
             let n = self
                 .chain
                 .pending_nonce(signer_address(lease)?)

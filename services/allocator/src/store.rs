@@ -8,7 +8,7 @@ use txflow_core::domain::{ChainId, Signer};
 use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced, SIGNER_ROW};
 use txflow_core::lease::LeaseKey;
 use txflow_core::state::{
-    self, ALLOCATE, APPROVE, AWAIT_APPROVAL, FAIL_ALLOCATED, FAIL_UNALLOCATED, SIMULATE, TxState,
+    ALLOCATE, APPROVE, AWAIT_APPROVAL, FAIL_ALLOCATED, FAIL_UNALLOCATED, SIMULATE, TxState,
 };
 use txflow_core::txstore::{self, Landed, MoveRow, NewTx, ReadError, TxRow};
 use uuid::Uuid;
@@ -129,32 +129,26 @@ pub async fn parents(pool: &PgPool, key: &LeaseKey) -> Result<Vec<ParentRow>, sq
         .await
 }
 
-/// RECEIVED → SIMULATED (a hold of the request, if it had one, cleared).
+/// RECEIVED → SIMULATED (a hold of the request, if it had one, cleared by the move).
 pub async fn simulated(w: &mut Fenced<'_>, rows: &[MoveRow]) -> Result<Vec<Landed>, FenceError> {
-    let landed = txstore::apply(w, SIMULATE, rows).await?;
-    clear_request_holds(w, &landed).await?;
-    Ok(landed)
+    txstore::apply(w, SIMULATE, rows).await
 }
 
-/// RECEIVED → PENDING_APPROVAL (a hold of the request, if it had one, cleared).
+/// RECEIVED → PENDING_APPROVAL (a hold of the request, if it had one, cleared by the move).
 pub async fn await_approval(
     w: &mut Fenced<'_>,
     rows: &[MoveRow],
 ) -> Result<Vec<Landed>, FenceError> {
-    let landed = txstore::apply(w, AWAIT_APPROVAL, rows).await?;
-    clear_request_holds(w, &landed).await?;
-    Ok(landed)
+    txstore::apply(w, AWAIT_APPROVAL, rows).await
 }
 
 /// RECEIVED / SIMULATED / PENDING_APPROVAL → FAILED (no nonce held; a hold of the request, if
-/// it had one, cleared).
+/// it had one, cleared by the move).
 pub async fn fail_unallocated(
     w: &mut Fenced<'_>,
     rows: &[MoveRow],
 ) -> Result<Vec<Landed>, FenceError> {
-    let landed = txstore::apply(w, FAIL_UNALLOCATED, rows).await?;
-    clear_request_holds(w, &landed).await?;
-    Ok(landed)
+    txstore::apply(w, FAIL_UNALLOCATED, rows).await
 }
 
 /// A request held alone (the signer cannot pay for it now, but for others): it stays RECEIVED,
@@ -207,49 +201,67 @@ pub async fn hold_requests(
     txstore::ids_or_fenced(w, "hold requests", out)
 }
 
-/// Clears the holds of requests that left RECEIVED (their reason no longer applies). The
-/// attempt count stays as the request's history.
-async fn clear_request_holds(w: &mut Fenced<'_>, landed: &[Landed]) -> Result<(), FenceError> {
-    if landed.is_empty() {
-        return Ok(());
-    }
-    let ids: Vec<Uuid> = landed.iter().map(|l| l.tx_id).collect();
-    let sql = format!(
-        "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
-         cleared AS (
-             UPDATE managed_tx m SET hold_reason = NULL, held_since = NULL, hold_retry_at = NULL
-             WHERE m.tx_id = ANY($6) AND m.chain_id = $2 AND m.signer = $3
-               AND m.hold_reason IS NOT NULL AND EXISTS (SELECT 1 FROM fence_ok)
-             RETURNING m.tx_id)
-         SELECT tx_id FROM cleared UNION ALL SELECT NULL FROM fence_ok"
-    );
-    let out: Vec<(Option<Uuid>,)> = w
-        .fetch_all("clear request holds", &sql, |q| q.bind(ids))
-        .await?;
-    txstore::ids_or_fenced(w, "clear request holds", out).map(|_| ())
+/// A RECEIVED request of the signer, as a drive's simulation reads it: the row, whether it names
+/// a parent, and its hold.
+#[derive(Debug, Clone)]
+pub struct ReceivedRow {
+    pub row: TxRow,
+    /// It depends on another request (`depends_on_request_id`): [`parents`] tells which.
+    pub chained: bool,
+    /// Held alone (`hold_reason` set): the attempts so far, and whether its back-off has not run
+    /// out yet by the database clock (not simulated in this drive).
+    pub hold: Option<RequestHoldState>,
 }
 
-/// A RECEIVED request of the signer that is held alone.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct HeldRequest {
-    pub tx_id: Uuid,
+/// The hold of a RECEIVED request held alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestHoldState {
     pub attempts: i32,
-    /// Its back-off has not run out: not simulated in this drive.
     pub waiting: bool,
 }
 
-/// The signer's requests held alone (RECEIVED with a hold), by the database clock.
-pub async fn request_holds(pool: &PgPool, key: &LeaseKey) -> Result<Vec<HeldRequest>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT tx_id, hold_attempts AS attempts, hold_retry_at > clock_timestamp() AS waiting
+type ReceivedRaw = (
+    Uuid,
+    String,
+    String,
+    String,
+    Option<i64>,
+    serde_json::Value,
+    Option<String>,
+    bool,
+    bool,
+    i32,
+    bool,
+);
+
+/// The signer's RECEIVED requests, oldest first, with whether each is chained and its hold, in
+/// one statement (of the open-state index: the state written out).
+pub async fn received(pool: &PgPool, key: &LeaseKey) -> Result<Vec<ReceivedRow>, ReadError> {
+    let raw: Vec<ReceivedRaw> = sqlx::query_as(&format!(
+        "SELECT {}, depends_on_request_id IS NOT NULL AS chained,
+                hold_reason IS NOT NULL AS held, hold_attempts,
+                coalesce(hold_retry_at > clock_timestamp(), false) AS waiting
          FROM managed_tx
-         WHERE chain_id = $1 AND signer = $2 AND state = $3 AND hold_reason IS NOT NULL",
-    )
+         WHERE chain_id = $1 AND signer = $2 AND {}
+         ORDER BY created_at, tx_id",
+        txstore::ROW_COLUMNS,
+        txstore::state_in("state", &[TxState::Received])
+    ))
     .bind(key.chain_id.0)
     .bind(key.signer.as_str())
-    .bind(TxState::Received.as_str())
     .fetch_all(pool)
     .await
+    .map_err(ReadError::Db)?;
+    raw.into_iter()
+        .map(|r| {
+            let (t, q, k, s, n, p, a, chained, held, attempts, waiting) = r;
+            Ok(ReceivedRow {
+                row: txstore::typed((t, q, k, s, n, p, a))?,
+                chained,
+                hold: held.then_some(RequestHoldState { attempts, waiting }),
+            })
+        })
+        .collect()
 }
 
 /// PENDING_APPROVAL → SIMULATED, the approver recorded.
@@ -347,35 +359,60 @@ pub async fn rows_limited(
     txstore::rows_in_states(pool, key.chain_id, &key.signer, states, false, limit).await
 }
 
-/// Whether the signer has a REPLACED transaction (its cursor is behind the chain). The state is
-/// written out (`txstore::state_in`) so that the open-state index serves it whatever the plan.
-pub async fn has_replaced(pool: &PgPool, key: &LeaseKey) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(&format!(
-        "SELECT EXISTS (SELECT 1 FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND {})",
-        txstore::state_in("state", &[state::TxState::Replaced])
+/// What an allocator drive reads of its signer before it starts, in one statement of index
+/// lookups (the states written out, `txstore::state_in`, so that the open-state index serves
+/// each whatever the plan): what allocation, the fill of released nonces and the signer's hold
+/// would otherwise read one statement each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct DriveSnapshot {
+    /// How many of the signer's nonces are in flight ([`IN_FLIGHT`]): its cost follows the
+    /// signer's transactions in flight, not its history. Read before the allocation's
+    /// transaction: while the allocator holds the signer's lock, only the later stages move
+    /// these rows, and on (fewer in flight) but for a reorg (MINED back to SUBMITTED), which may
+    /// take the count over the budget; drives then wait until it is back under.
+    pub in_flight: i64,
+    /// A transaction waits for a nonce (SIMULATED or REPLACED): allocation reads them.
+    pub waiting: bool,
+    /// A REPLACED transaction: the cursor is behind the chain.
+    pub replaced: bool,
+    /// The nonce cursor was aligned with the chain within `nonce.state_timeout`.
+    pub cursor_fresh: bool,
+    /// Released nonces wait for a no-op (`recycled_nonces`).
+    pub released: i64,
+    /// The allocator holds the signer (`signer_holds`): it cannot pay for anything.
+    pub held: bool,
+}
+
+/// The signer's [`DriveSnapshot`], `cursor_timeout` being `nonce.state_timeout`.
+pub async fn drive_snapshot(
+    pool: &PgPool,
+    key: &LeaseKey,
+    cursor_timeout: Duration,
+) -> Result<DriveSnapshot, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT
+           (SELECT count(*) FROM managed_tx
+             WHERE chain_id = $1 AND signer = $2 AND {in_flight}) AS in_flight,
+           EXISTS (SELECT 1 FROM managed_tx
+                    WHERE chain_id = $1 AND signer = $2 AND {waiting}) AS waiting,
+           EXISTS (SELECT 1 FROM managed_tx
+                    WHERE chain_id = $1 AND signer = $2 AND {replaced}) AS replaced,
+           EXISTS (SELECT 1 FROM signer_nonce_cursor
+                    WHERE chain_id = $1 AND signer = $2
+                      AND synced_at > clock_timestamp() - $3 * interval '1 millisecond') AS cursor_fresh,
+           (SELECT count(*) FROM recycled_nonces WHERE chain_id = $1 AND signer = $2) AS released,
+           EXISTS (SELECT 1 FROM signer_holds
+                    WHERE role = $4 AND chain_id = $1 AND signer = $2) AS held",
+        in_flight = txstore::state_in("state", &IN_FLIGHT),
+        waiting = txstore::state_in("state", &[TxState::Simulated, TxState::Replaced]),
+        replaced = txstore::state_in("state", &[TxState::Replaced]),
     ))
     .bind(key.chain_id.0)
     .bind(key.signer.as_str())
+    .bind(i64::try_from(cursor_timeout.as_millis()).unwrap_or(i64::MAX))
+    .bind(key.role.as_str())
     .fetch_one(pool)
     .await
-}
-
-/// Whether the signer's nonce cursor was aligned with the chain within `timeout`.
-pub async fn cursor_fresh(
-    pool: &PgPool,
-    key: &LeaseKey,
-    timeout: Duration,
-) -> Result<bool, sqlx::Error> {
-    let row: Option<(i64,)> = sqlx::query_as(
-        "SELECT next_nonce FROM signer_nonce_cursor WHERE chain_id = $1 AND signer = $2
-           AND synced_at > clock_timestamp() - $3 * interval '1 millisecond'",
-    )
-    .bind(key.chain_id.0)
-    .bind(key.signer.as_str())
-    .bind(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX))
-    .fetch_optional(pool)
-    .await?;
-    Ok(row.is_some())
 }
 
 /// How many released nonces of the signer wait for a no-op.
@@ -398,26 +435,8 @@ pub const IN_FLIGHT: [TxState; 3] = [TxState::Allocated, TxState::Signed, TxStat
 /// The in-flight states whose nonces the chain cannot have used: not sent yet.
 const UNSENT: [TxState; 2] = [TxState::Allocated, TxState::Signed];
 
-/// How many of the signer's nonces are in flight ([`IN_FLIGHT`]), in one statement. The states
-/// are written out (`txstore::state_in`) so that the open-state index serves it whatever the
-/// plan: its cost follows the signer's transactions in flight, not its history. A plain read
-/// before the allocation's transaction: while the allocator holds the signer's lock, only the
-/// later stages move these rows, and on (fewer in flight) but for a reorg (MINED back to
-/// SUBMITTED), which may take the count over the budget; drives then wait until it is back
-/// under.
-pub async fn in_flight(pool: &PgPool, key: &LeaseKey) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND {}",
-        txstore::state_in("state", &IN_FLIGHT)
-    ))
-    .bind(key.chain_id.0)
-    .bind(key.signer.as_str())
-    .fetch_one(pool)
-    .await
-}
-
-/// The signer's nonces in flight that the chain has not used yet: those of [`in_flight`] at or
-/// above `latest` (the chain's latest nonce). What [`in_flight`] counts by state alone includes
+/// The signer's nonces in flight that the chain has not used yet: those of [`DriveSnapshot::in_flight`] at
+/// or above `latest` (the chain's latest nonce). What the snapshot counts by state alone includes
 /// transactions mined whose receipt is not recorded yet (the receipt checker behind or down).
 pub async fn in_flight_from(
     pool: &PgPool,

@@ -243,7 +243,8 @@ pub async fn create(w: &mut Fenced<'_>, rows: &[NewTx]) -> Result<Vec<Uuid>, Fen
 }
 
 /// Applies `m` to `rows`: each row moves only if it is in one of `m.from` (and holds
-/// `expect_nonce`, when given). Returns the rows that moved.
+/// `expect_nonce`, when given). Returns the rows that moved. A row that leaves RECEIVED loses its
+/// request hold (`hold_reason`, `held_since`, `hold_retry_at`; `hold_attempts` stays).
 pub async fn apply(
     w: &mut Fenced<'_>,
     m: Move,
@@ -303,6 +304,13 @@ pub async fn apply(
     } else {
         ("", "", "NULL::text")
     };
+    // A hold is a RECEIVED request's (`managed_tx.hold_reason`, the allocator's): a move out of
+    // RECEIVED clears it in the same statement (the attempt count stays as the request's history).
+    let clear_hold = if m.from.contains(&TxState::Received) {
+        "hold_reason = NULL, held_since = NULL, hold_retry_at = NULL,"
+    } else {
+        ""
+    };
     let audit = audit_returned("landed", 19);
     // One plan fits every batch (drives run it with generic plans, `fenced::BEGIN_FENCED`):
     // the array `u` is read once and each of its rows finds its `managed_tx` row by primary key
@@ -338,6 +346,7 @@ pub async fn apply(
                  confirmations = coalesce(u.confirmations, m.confirmations),
                  required_confirmations = coalesce(u.required, m.required_confirmations),
                  nonce_released = m.nonce_released OR $18,
+                 {clear_hold}
                  fencing_token = $5,
                  updated_at = now()
              FROM u{prev_from}
@@ -587,7 +596,9 @@ pub struct TxRow {
     pub approved_by: Option<String>,
 }
 
-type RawRow = (
+/// The columns of [`ROW_COLUMNS`] as read, before [`typed`] checks them: for a store that reads
+/// more columns beside them in one statement.
+pub type RawRow = (
     Uuid,
     String,
     String,
@@ -605,7 +616,9 @@ pub struct CorruptRow {
     pub what: String,
 }
 
-fn typed(r: RawRow) -> Result<TxRow, CorruptRow> {
+/// A row as read ([`RawRow`]) as a [`TxRow`], or `CorruptRow` for a state or kind this binary
+/// does not know.
+pub fn typed(r: RawRow) -> Result<TxRow, CorruptRow> {
     let (tx_id, request_id, kind, state, nonce, payload, approved_by) = r;
     let state = TxState::parse(&state).map_err(|e| CorruptRow {
         tx_id,
@@ -632,7 +645,8 @@ fn typed(r: RawRow) -> Result<TxRow, CorruptRow> {
     })
 }
 
-const ROW_COLUMNS: &str = "tx_id, request_id, kind, state, nonce, payload, approved_by";
+/// The columns of a [`TxRow`], in [`RawRow`]'s order.
+pub const ROW_COLUMNS: &str = "tx_id, request_id, kind, state, nonce, payload, approved_by";
 
 /// Errors of the typed reads.
 #[derive(Debug, thiserror::Error)]
