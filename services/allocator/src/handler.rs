@@ -26,7 +26,7 @@ use txflow_core::events::{
     Event, TxAccepted, TxAllocated, TxCommand, TxCommandKind, TxFailed, TxRequest,
 };
 use txflow_core::failure::{FailureCode, truncate_reason};
-use txflow_core::fenced::Fenced;
+use txflow_core::fenced::{Fenced, FencedTx};
 use txflow_core::kafka::signer_key;
 use txflow_core::lease::HeldLease;
 use txflow_core::metrics;
@@ -109,6 +109,34 @@ fn fail_row(
     let mut m = MoveRow::new(row.tx_id, event_uuid(&failed)?, json(&failed)?);
     m.failure = Some((code, failed.reason.clone()));
     Ok((m, failed))
+}
+
+/// What a drive's simulation decided, before it is written.
+struct SimWrites {
+    /// RECEIVED → FAILED (announced by `failed` when they land).
+    failing: Vec<MoveRow>,
+    failed: Vec<TxFailed>,
+    /// RECEIVED → PENDING_APPROVAL.
+    waiting: Vec<MoveRow>,
+    /// RECEIVED → SIMULATED.
+    simulated: Vec<MoveRow>,
+    /// Requests held alone (they stay RECEIVED).
+    held: Vec<store::RequestHold>,
+    /// The rows of `simulated` as they are once moved.
+    as_simulated: Vec<TxRow>,
+}
+
+/// What an allocation decided before its transaction opens.
+struct AllocationPlan {
+    /// The signer's nonces in flight, as counted for the budget.
+    in_flight: i64,
+    /// The chain's pending nonce to align the cursor on, when it was asked.
+    chain_nonce: Option<i64>,
+    /// The rows to allocate, in request order, with their payloads as allocated.
+    ready: Vec<(TxRow, TxPayload)>,
+    /// SIMULATED rows that cannot be allocated as recorded: to FAILED, announced by `failed`.
+    failing: Vec<MoveRow>,
+    failed: Vec<TxFailed>,
 }
 
 impl RequestStage {
@@ -313,9 +341,9 @@ impl Handler for RequestStage {
             store::drive_snapshot(ctx.pool, ctx.lease.key(), self.config.nonce_state_timeout)
                 .await
                 .map_err(|e| HandlerError::transient("drive snapshot", e))?;
-        let (simulated_outputs, simulated) = self.simulate(&ctx, &snapshot).await?;
+        let (simulated_outputs, writes) = self.simulate(&ctx, &snapshot).await?;
         outputs.extend(simulated_outputs);
-        outputs.extend(self.allocate(&ctx, &snapshot, simulated).await?);
+        outputs.extend(self.simulate_and_allocate(&ctx, &snapshot, writes).await?);
         // A nonce released after the snapshot was taken is filled by a later drive: the
         // recovery scan drives every signer with one (`pending_signers`).
         if snapshot.released > 0 {
@@ -395,19 +423,20 @@ impl RequestStage {
     /// stays RECEIVED: held alone (its reason on its row, simulated again after a back-off) when
     /// the signer can pay for others, or with the whole signer held when it can pay for none
     /// ([`decide::signer_funds`]). Requests held alone are not simulated before their
-    /// `hold_retry_at`. Returns the announcements and the rows that landed SIMULATED, as they
-    /// now are (allocation takes them without reading them again when nothing else waited).
+    /// `hold_retry_at`. Returns the announcements of what it committed itself (chained requests
+    /// failed with their parent) and what it decided, to be written by
+    /// [`Self::write_simulation`] in a fenced transaction ([`Self::simulate_and_allocate`]).
     async fn simulate(
         &self,
         ctx: &DriveCtx<'_>,
         snapshot: &store::DriveSnapshot,
-    ) -> Result<(Vec<Output>, Vec<TxRow>), HandlerError> {
+    ) -> Result<(Vec<Output>, Option<SimWrites>), HandlerError> {
         let lease = ctx.lease;
         let received = store::received(ctx.pool, lease.key())
             .await
             .map_err(|e| HandlerError::classified("list received", e))?;
         if received.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok((Vec::new(), None));
         }
         let holds: BTreeMap<Uuid, store::RequestHoldState> = received
             .iter()
@@ -417,7 +446,7 @@ impl RequestStage {
         let rows: Vec<TxRow> = received.into_iter().map(|r| r.row).collect();
         // Chained requests whose parent is not CONFIRMED yet wait; those whose parent failed
         // fail (their own transaction, committed here). The rest are simulated.
-        let (rows, mut outputs) = if chained {
+        let (rows, outputs) = if chained {
             self.dependencies(ctx, rows).await?
         } else {
             (rows, Vec::new())
@@ -427,7 +456,7 @@ impl RequestStage {
             .filter(|r| !holds.get(&r.tx_id).is_some_and(|h| h.waiting))
             .collect();
         if rows.is_empty() {
-            return Ok((outputs, Vec::new()));
+            return Ok((outputs, None));
         }
         let from = signer_address(lease)?;
         // The calls run outside any transaction, several at a time.
@@ -489,7 +518,7 @@ impl RequestStage {
                 txflow_core::holds::hold(ctx.pool, lease.key(), &reason)
                     .await
                     .map_err(|e| HandlerError::transient("hold", e))?;
-                return Ok((outputs, Vec::new()));
+                return Ok((outputs, None));
             }
             decide::SignerFunds::Retry { reason } => {
                 return Err(HandlerError::transient(
@@ -558,19 +587,94 @@ impl RequestStage {
                 AfterSimulation::Retry { .. } => {}
             }
         }
-        let key = self.key(lease);
-        let mut tx = lease.begin(ctx.pool).await?;
+        let writes = SimWrites {
+            failing,
+            failed,
+            waiting,
+            simulated,
+            held,
+            as_simulated,
+        };
+        Ok((outputs, Some(writes)))
+    }
+
+    /// Writes what a simulation decided in `tx`. Returns the announcements of the failures that
+    /// landed and the rows that landed SIMULATED, as they now are.
+    async fn write_simulation(
+        &self,
+        tx: &mut FencedTx,
+        writes: SimWrites,
+    ) -> Result<(Vec<Output>, Vec<TxRow>), HandlerError> {
+        let SimWrites {
+            failing,
+            failed,
+            waiting,
+            simulated,
+            held,
+            mut as_simulated,
+        } = writes;
+        let key = self.key(tx.lease());
         let landed = store::fail_unallocated(&mut tx.writer(), &failing).await?;
         // A request that needs approval waits without a nonce, so it blocks nobody.
         store::await_approval(&mut tx.writer(), &waiting).await?;
         let moved = store::simulated(&mut tx.writer(), &simulated).await?;
         // A request that cannot be paid waits without a nonce too, so it blocks nobody either.
         store::hold_requests(&mut tx.writer(), &held).await?;
-        tx.commit().await?;
         metrics::get().tx_create(metrics::create_result::HELD, held.len() as u64);
-        outputs.extend(self.failures(&key, failed, &landed));
         as_simulated.retain(|r| moved.iter().any(|l| l.tx_id == r.tx_id));
-        Ok((outputs, as_simulated))
+        Ok((self.failures(&key, failed, &landed), as_simulated))
+    }
+
+    /// Writes a simulation's decisions and allocates. When nothing waited for a nonce before the
+    /// drive, what the simulation moved to SIMULATED is all there is to allocate: both are
+    /// written in one fenced transaction (one BEGIN, lease check and COMMIT fewer). Otherwise the
+    /// simulation commits first and allocation reads the signer's waiting rows (older ones first)
+    /// after it, in a transaction of its own. Either way the allocation's calls to the node run
+    /// before its transaction opens, and when they fail the simulation is committed alone.
+    async fn simulate_and_allocate(
+        &self,
+        ctx: &DriveCtx<'_>,
+        snapshot: &store::DriveSnapshot,
+        writes: Option<SimWrites>,
+    ) -> Result<Vec<Output>, HandlerError> {
+        let mut outputs = Vec::new();
+        let simulated = match writes {
+            Some(writes) if !snapshot.waiting => {
+                let plan = self
+                    .plan_allocation(ctx, snapshot, writes.as_simulated.clone())
+                    .await;
+                let mut tx = ctx.lease.begin(ctx.pool).await?;
+                let (failures, landed) = self.write_simulation(&mut tx, writes).await?;
+                outputs.extend(failures);
+                let plan = match plan {
+                    Ok(plan) => plan,
+                    Err(e) => {
+                        tx.commit().await?;
+                        return Err(e);
+                    }
+                };
+                if let Some(plan) = plan {
+                    let landed: Vec<Uuid> = landed.iter().map(|r| r.tx_id).collect();
+                    outputs.extend(self.write_allocation(&mut tx, plan, Some(&landed)).await?);
+                }
+                tx.commit().await?;
+                return Ok(outputs);
+            }
+            Some(writes) => {
+                let mut tx = ctx.lease.begin(ctx.pool).await?;
+                let (failures, landed) = self.write_simulation(&mut tx, writes).await?;
+                tx.commit().await?;
+                outputs.extend(failures);
+                landed
+            }
+            None => Vec::new(),
+        };
+        if let Some(plan) = self.plan_allocation(ctx, snapshot, simulated).await? {
+            let mut tx = ctx.lease.begin(ctx.pool).await?;
+            outputs.extend(self.write_allocation(&mut tx, plan, None).await?);
+            tx.commit().await?;
+        }
+        Ok(outputs)
     }
 
     /// Sorts RECEIVED `rows` by what they depend on (`managed_tx.depends_on_request_id`, a
@@ -666,10 +770,12 @@ impl RequestStage {
             })
     }
 
-    /// SIMULATED / REPLACED → ALLOCATED: nonces from the fenced cursor, in request order. A
-    /// SIMULATED transaction that cannot be allocated as recorded (its payload does not parse,
-    /// or its numbers cannot be represented) fails alone with the reason, before any nonce is
-    /// taken for it; the signer's others are allocated.
+    /// SIMULATED / REPLACED → ALLOCATED, the part before the transaction: which rows, within
+    /// the budget, with what payloads, and the node's calls ([`Self::write_allocation`] takes
+    /// nonces from the fenced cursor for them, in request order). A SIMULATED transaction that
+    /// cannot be allocated as recorded (its payload does not parse, or its numbers cannot be
+    /// represented) fails alone with the reason, before any nonce is taken for it; the signer's
+    /// others are allocated. `None`: nothing to allocate now.
     ///
     /// Within the in-flight budget (`nonce.max_in_flight`, [`decide::within_budget`]): the
     /// signer's nonces in flight are counted first (the drive's snapshot), and only the room left is
@@ -683,19 +789,19 @@ impl RequestStage {
     /// the budget then costs a drive its snapshot, two reads and that one call.
     ///
     /// The rows come from the drive's snapshot and simulation when nothing waited for a nonce
-    /// before the drive: `simulated` (those it moved to SIMULATED, as they now are) are then
-    /// the oldest waiting, and are not read again.
-    async fn allocate(
+    /// before the drive: `simulated` (those its simulation moves to SIMULATED, as they will be)
+    /// are then the oldest waiting, and are not read again.
+    async fn plan_allocation(
         &self,
         ctx: &DriveCtx<'_>,
         snapshot: &store::DriveSnapshot,
         simulated: Vec<TxRow>,
-    ) -> Result<Vec<Output>, HandlerError> {
+    ) -> Result<Option<AllocationPlan>, HandlerError> {
         let lease = ctx.lease;
         // Nothing waited when the drive began, and its simulation moved nothing on: no read, no
         // call.
         if !snapshot.waiting && simulated.is_empty() {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let mut in_flight = snapshot.in_flight;
         let max_in_flight = self.config.max_in_flight;
@@ -736,7 +842,7 @@ impl RequestStage {
             rows
         };
         if rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         if room == 0 {
             // Once per scan interval at INFO (the recovery scan's drives), not on every batch.
@@ -745,7 +851,7 @@ impl RequestStage {
             } else {
                 tracing::debug!(signer = %lease.key().signer, in_flight, max_in_flight, "requests wait: the signer's in-flight budget is full");
             }
-            return Ok(Vec::new());
+            return Ok(None);
         }
         // A REPLACED row read here that the snapshot did not see counts too.
         let replaced = snapshot.replaced || rows.iter().any(|r| r.state == TxState::Replaced);
@@ -779,11 +885,9 @@ impl RequestStage {
             None
         };
         let signer = &lease.key().signer;
-        let chain_id = lease.key().chain_id.0;
-        let token = lease.token().0;
         // What each row would be allocated as; checked before any nonce is taken.
         let (mut ready, mut failing, mut failed) = (Vec::new(), Vec::new(), Vec::new());
-        for (row, p) in rows.iter().zip(parsed) {
+        for (row, p) in rows.into_iter().zip(parsed) {
             let checked = p.and_then(|p| {
                 let p = decide::with_fees(p, fees);
                 decide::allocatable(&p)
@@ -796,7 +900,7 @@ impl RequestStage {
                     let reason = format!("cannot be allocated: {why}");
                     tracing::error!(signer = %signer, tx_id = %row.tx_id, reason, "transaction failed alone");
                     let (m, f) =
-                        fail_row(lease, row, FailureCode::SimulationFailed, &reason, None)?;
+                        fail_row(lease, &row, FailureCode::SimulationFailed, &reason, None)?;
                     failing.push(m);
                     failed.push(f);
                 }
@@ -808,14 +912,48 @@ impl RequestStage {
             }
         }
 
-        let key = self.key(lease);
-        let mut tx = lease.begin(ctx.pool).await?;
-        let landed = store::fail_unallocated(&mut tx.writer(), &failing).await?;
-        let mut outputs = self.failures(&key, failed, &landed);
+        Ok(Some(AllocationPlan {
+            in_flight,
+            chain_nonce,
+            ready,
+            failing,
+            failed,
+        }))
+    }
+
+    /// Writes an allocation in `tx`: the rows that cannot be allocated failed, then nonces from
+    /// the fenced cursor for the ready ones within the budget (only those among `landed`, when
+    /// given: the rows this transaction moved to SIMULATED). Returns the announcements.
+    async fn write_allocation(
+        &self,
+        tx: &mut FencedTx,
+        plan: AllocationPlan,
+        landed: Option<&[Uuid]>,
+    ) -> Result<Vec<Output>, HandlerError> {
+        let AllocationPlan {
+            in_flight,
+            chain_nonce,
+            mut ready,
+            failing,
+            failed,
+        } = plan;
+        let lease = tx.lease().clone();
+        let key = self.key(&lease);
+        let signer = &lease.key().signer;
+        let chain_id = lease.key().chain_id.0;
+        let token = lease.token().0;
+        let landed_failures = store::fail_unallocated(&mut tx.writer(), &failing).await?;
+        let mut outputs = self.failures(&key, failed, &landed_failures);
+        if let Some(landed) = landed {
+            ready.retain(|(row, _)| landed.contains(&row.tx_id));
+        }
         // `rows` were read up to the room left; the budget is checked again on what is ready.
-        ready.truncate(decide::within_budget(ready.len(), in_flight, max_in_flight));
+        ready.truncate(decide::within_budget(
+            ready.len(),
+            in_flight,
+            self.config.max_in_flight,
+        ));
         if ready.is_empty() {
-            tx.commit().await?;
             return Ok(outputs);
         }
         if let Some(n) = chain_nonce {
@@ -850,7 +988,6 @@ impl RequestStage {
         }
         store::allocate(&mut tx.writer(), &moves).await?;
         txflow_core::fault::point(txflow_core::fault::ALLOCATOR_BEFORE_COMMIT);
-        tx.commit().await?;
         Ok(outputs)
     }
 
