@@ -89,7 +89,7 @@ impl Handler for BroadcastStage {
     }
 
     async fn drive(&self, ctx: DriveCtx<'_>) -> Result<Vec<Output>, HandlerError> {
-        let (outputs, mut funds) = self.send_signed(&ctx).await?;
+        let (outputs, mut funds, held) = self.send_signed(&ctx).await?;
         // Resubmissions are due every few seconds at most: the recovery scan's drives (which
         // include every signer with one due) are enough, not every batch's.
         // So are the defensive cancellations after a deep reorg (sent first: the most urgent).
@@ -99,8 +99,10 @@ impl Handler for BroadcastStage {
         }
         // A refusal for funds held the signer where it happened. The hold clears only when a node
         // took a send of this drive and none was refused for funds ([`Funds`]); a drive that
-        // failed clears nothing.
-        if funds == Funds::Paid {
+        // failed clears nothing. When the drive's read of its SIGNED rows saw no hold there is
+        // none to clear (only this stage, under the signer's lock, holds it, and a hold made
+        // since means a refusal, so not `Paid`): no statement.
+        if funds == Funds::Paid && held != Some(false) {
             txflow_core::holds::resume(ctx.pool, ctx.lease.key())
                 .await
                 .map_err(db("resume"))?;
@@ -120,16 +122,20 @@ impl BroadcastStage {
     /// what the node said; stops at the first one that must wait (later nonces would only queue
     /// behind it), once a send that failed for now was sent again a few times within the drive
     /// ([`Self::send_with_backoff`]). Holds the signer on "insufficient funds"; returns the
-    /// outputs and what the sends said about the funds.
-    async fn send_signed(&self, ctx: &DriveCtx<'_>) -> Result<(Vec<Output>, Funds), HandlerError> {
+    /// outputs, what the sends said about the funds, and whether the signer was held when its
+    /// rows were read (`None`: no SIGNED row).
+    async fn send_signed(
+        &self,
+        ctx: &DriveCtx<'_>,
+    ) -> Result<(Vec<Output>, Funds, Option<bool>), HandlerError> {
         let key = ctx.lease.key();
         let signed = store::signed_rows(ctx.pool, key)
             .await
             .map_err(db("list signed"))?;
         let mut funds = Funds::Untold;
-        if signed.is_empty() {
-            return Ok((Vec::new(), funds));
-        }
+        let Some(held) = signed.first().map(|r| r.held) else {
+            return Ok((Vec::new(), funds, None));
+        };
         let mut recorded = Vec::new();
         for row in signed {
             let nonce = row.nonce;
@@ -171,10 +177,10 @@ impl BroadcastStage {
             }
         }
         if recorded.is_empty() {
-            return Ok((Vec::new(), funds));
+            return Ok((Vec::new(), funds, Some(held)));
         }
         txflow_core::fault::point(txflow_core::fault::AFTER_CALL);
-        Ok((self.record_sends(ctx, recorded).await?, funds))
+        Ok((self.record_sends(ctx, recorded).await?, funds, Some(held)))
     }
 
     /// Sends `row`, and sends it again within the drive while the send fails for now

@@ -27,6 +27,9 @@ pub struct SignedRow {
     pub attempt: i32,
     pub tx_hash: String,
     pub raw_tx: Vec<u8>,
+    /// The broadcaster holds the signer (`signer_holds`), as read with the rows: the same on
+    /// every row (one lookup per statement).
+    pub held: bool,
 }
 
 /// A SUBMITTED transaction whose latest attempt is due to be sent again.
@@ -203,7 +206,10 @@ pub async fn request_ids(
 /// The signer's SIGNED transactions in nonce order, each with its latest attempt.
 pub async fn signed_rows(pool: &PgPool, key: &LeaseKey) -> Result<Vec<SignedRow>, sqlx::Error> {
     sqlx::query_as(&format!(
-        "SELECT m.tx_id, m.nonce, a.attempt, a.tx_hash, a.raw_tx FROM managed_tx m
+        "SELECT m.tx_id, m.nonce, a.attempt, a.tx_hash, a.raw_tx,
+                EXISTS (SELECT 1 FROM signer_holds h
+                         WHERE h.role = $3 AND h.chain_id = $1 AND h.signer = $2) AS held
+         FROM managed_tx m
          JOIN LATERAL (SELECT attempt, tx_hash, raw_tx FROM tx_attempts WHERE tx_id = m.tx_id
                        ORDER BY attempt DESC LIMIT 1) a ON true
          WHERE m.chain_id = $1 AND m.signer = $2 AND {} ORDER BY m.nonce",
@@ -211,6 +217,7 @@ pub async fn signed_rows(pool: &PgPool, key: &LeaseKey) -> Result<Vec<SignedRow>
     ))
     .bind(key.chain_id.0)
     .bind(key.signer.as_str())
+    .bind(key.role.as_str())
     .fetch_all(pool)
     .await
 }
