@@ -245,9 +245,9 @@ impl Handler for ConfirmStage {
             .map_err(|e| HandlerError::classified("follow the heads", e))?;
         let rules = Rules {
             required: self.config.required,
-            lowest_unmined: store::lowest_unmined(ctx.pool, key)
-                .await
-                .map_err(db("lowest unmined nonce"))?,
+            // Read with the rows (the same snapshot): a nonce below it mined since is not in
+            // `rows`, so no later nonce is made final before it.
+            lowest_unmined: rows.first().and_then(|r| r.lowest_unmined),
         };
         let mut plan = Vec::with_capacity(rows.len());
         for row in &rows {

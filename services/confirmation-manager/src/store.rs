@@ -56,9 +56,14 @@ pub struct Followed {
     pub watch_until_block: Option<i64>,
     pub reorged: bool,
     pub reorg_generation: i32,
+    /// The lowest nonce of the signer's transactions that hold one and are not mined yet
+    /// ([`UNMINED`]), read in the same statement (so from the same snapshot) as the rows: the
+    /// same on every row.
+    pub lowest_unmined: Option<i64>,
 }
 
-/// The signer's followed transactions, in nonce order.
+/// The signer's followed transactions, in nonce order, each with the signer's lowest unmined
+/// nonce (one lookup of the open-state index per statement).
 pub async fn followed(pool: &PgPool, key: &LeaseKey) -> Result<Vec<Followed>, sqlx::Error> {
     sqlx::query_as(&format!(
         "SELECT m.tx_id, m.request_id, m.state, m.nonce, m.mined_block_number, m.mined_block_hash,
@@ -66,29 +71,20 @@ pub async fn followed(pool: &PgPool, key: &LeaseKey) -> Result<Vec<Followed>, sq
                          (SELECT a.tx_hash FROM tx_attempts a WHERE a.tx_id = m.tx_id
                           ORDER BY a.attempt DESC LIMIT 1)) AS tx_hash,
                 m.confirmations, m.confirmed_at IS NOT NULL AS settled, m.watch_until_block,
-                m.reorged_at IS NOT NULL AS reorged, m.reorg_generation
+                m.reorged_at IS NOT NULL AS reorged, m.reorg_generation,
+                (SELECT min(u.nonce) FROM managed_tx u
+                  WHERE u.chain_id = $1 AND u.signer = $2 AND {unmined}) AS lowest_unmined
          FROM managed_tx m
-         WHERE m.chain_id = $1 AND m.signer = $2 AND m.nonce IS NOT NULL AND {}
+         WHERE m.chain_id = $1 AND m.signer = $2 AND m.nonce IS NOT NULL AND {followed}
          ORDER BY m.nonce, m.tx_id LIMIT $4",
-        followed_where(3)
+        unmined = txstore::state_in("u.state", &UNMINED),
+        followed = followed_where(3)
     ))
     .bind(key.chain_id.0)
     .bind(key.signer.as_str())
     .bind(txstore::names(&FOLLOWED))
     .bind(DRIVE_LIMIT)
     .fetch_all(pool)
-    .await
-}
-
-/// The lowest nonce of the signer's transactions that hold one and are not mined yet.
-pub async fn lowest_unmined(pool: &PgPool, key: &LeaseKey) -> Result<Option<i64>, sqlx::Error> {
-    sqlx::query_scalar(&format!(
-        "SELECT min(nonce) FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND {}",
-        txstore::state_in("state", &UNMINED)
-    ))
-    .bind(key.chain_id.0)
-    .bind(key.signer.as_str())
-    .fetch_one(pool)
     .await
 }
 
