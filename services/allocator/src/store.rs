@@ -220,19 +220,15 @@ pub struct RequestHoldState {
     pub waiting: bool,
 }
 
-type ReceivedRaw = (
-    Uuid,
-    String,
-    String,
-    String,
-    Option<i64>,
-    serde_json::Value,
-    Option<String>,
-    bool,
-    bool,
-    i32,
-    bool,
-);
+#[derive(sqlx::FromRow)]
+struct ReceivedRaw {
+    #[sqlx(flatten)]
+    row: txstore::RawRow,
+    chained: bool,
+    held: bool,
+    hold_attempts: i32,
+    waiting: bool,
+}
 
 /// The signer's RECEIVED requests, oldest first, with whether each is chained and its hold, in
 /// one statement (of the open-state index: the state written out).
@@ -254,11 +250,13 @@ pub async fn received(pool: &PgPool, key: &LeaseKey) -> Result<Vec<ReceivedRow>,
     .map_err(ReadError::Db)?;
     raw.into_iter()
         .map(|r| {
-            let (t, q, k, s, n, p, a, chained, held, attempts, waiting) = r;
             Ok(ReceivedRow {
-                row: txstore::typed((t, q, k, s, n, p, a))?,
-                chained,
-                hold: held.then_some(RequestHoldState { attempts, waiting }),
+                row: txstore::typed(r.row)?,
+                chained: r.chained,
+                hold: r.held.then_some(RequestHoldState {
+                    attempts: r.hold_attempts,
+                    waiting: r.waiting,
+                }),
             })
         })
         .collect()

@@ -596,17 +596,18 @@ pub struct TxRow {
     pub approved_by: Option<String>,
 }
 
-/// The columns of [`ROW_COLUMNS`] as read, before [`typed`] checks them: for a store that reads
-/// more columns beside them in one statement.
-pub type RawRow = (
-    Uuid,
-    String,
-    String,
-    String,
-    Option<i64>,
-    serde_json::Value,
-    Option<String>,
-);
+/// The columns of [`ROW_COLUMNS`] as read, before [`typed`] checks them. A store that reads more
+/// columns beside them in one statement reads it `#[sqlx(flatten)]` in its own row.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RawRow {
+    pub tx_id: Uuid,
+    pub request_id: String,
+    pub kind: String,
+    pub state: String,
+    pub nonce: Option<i64>,
+    pub payload: serde_json::Value,
+    pub approved_by: Option<String>,
+}
 
 /// A row whose state or kind this binary does not know: a corrupt row or a newer schema.
 #[derive(Debug, thiserror::Error)]
@@ -619,33 +620,28 @@ pub struct CorruptRow {
 /// A row as read ([`RawRow`]) as a [`TxRow`], or `CorruptRow` for a state or kind this binary
 /// does not know.
 pub fn typed(r: RawRow) -> Result<TxRow, CorruptRow> {
-    let (tx_id, request_id, kind, state, nonce, payload, approved_by) = r;
-    let state = TxState::parse(&state).map_err(|e| CorruptRow {
-        tx_id,
-        what: e.to_string(),
-    })?;
-    let kind = match kind.as_str() {
+    let corrupt = |what: String| CorruptRow {
+        tx_id: r.tx_id,
+        what,
+    };
+    let state = TxState::parse(&r.state).map_err(|e| corrupt(e.to_string()))?;
+    let kind = match r.kind.as_str() {
         "REQUEST" => Kind::Request,
         "NOOP" => Kind::Noop,
-        other => {
-            return Err(CorruptRow {
-                tx_id,
-                what: format!("unknown kind {other:?}"),
-            });
-        }
+        other => return Err(corrupt(format!("unknown kind {other:?}"))),
     };
     Ok(TxRow {
-        tx_id,
-        request_id,
+        tx_id: r.tx_id,
+        request_id: r.request_id,
         kind,
         state,
-        nonce,
-        payload,
-        approved_by,
+        nonce: r.nonce,
+        payload: r.payload,
+        approved_by: r.approved_by,
     })
 }
 
-/// The columns of a [`TxRow`], in [`RawRow`]'s order.
+/// The columns of a [`TxRow`], as [`RawRow`] names them.
 pub const ROW_COLUMNS: &str = "tx_id, request_id, kind, state, nonce, payload, approved_by";
 
 /// Errors of the typed reads.

@@ -418,8 +418,8 @@ impl SignStage {
     }
 
     /// Records signatures and failures decided on `read` in one short fenced transaction: the
-    /// rows locked, those no longer as read (moved, re-allocated, changed) left alone, the
-    /// attempt numbers read, then ALLOCATED → SIGNED with the attempt rows and ALLOCATED → FAILED
+    /// rows locked with their attempt numbers (one statement), those no longer as read (moved,
+    /// re-allocated, changed) left alone, then ALLOCATED → SIGNED with the attempt rows and ALLOCATED → FAILED
     /// with the nonces released, one statement each. The outputs of the rows that moved.
     async fn record(
         &self,
@@ -437,9 +437,14 @@ impl SignStage {
         let mut tx = ctx.lease.begin(ctx.pool).await?;
         let (signed, failed) = {
             let mut w = tx.writer();
-            let now = store::lock(&mut w, &ids).await?;
+            let now = store::lock_with_attempts(&mut w, &ids).await?;
+            let highest: HashMap<Uuid, i32> = now
+                .iter()
+                .filter_map(|(r, a)| a.map(|a| (r.tx_id, a)))
+                .collect();
             let unchanged: HashSet<Uuid> = now
                 .iter()
+                .map(|(r, _)| r)
                 .filter(|r| {
                     r.state == TxState::Allocated
                         && as_read.get(&r.tx_id).is_some_and(|was| {
@@ -453,8 +458,6 @@ impl SignStage {
             if signings.is_empty() && failings.is_empty() {
                 (HashSet::new(), HashSet::new())
             } else {
-                let to_sign: Vec<Uuid> = signings.iter().map(|s| s.tx_id).collect();
-                let highest = store::highest_attempts(&mut w, &to_sign).await?;
                 for s in &mut signings {
                     s.event.attempt = decide::next_attempt(highest.get(&s.tx_id).copied());
                 }

@@ -5,7 +5,7 @@
 //!
 //! No state name is written here as SQL text: states are bound from `TxState`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use sqlx::PgPool;
 use txflow_core::domain::{ChainId, Signer};
@@ -210,27 +210,42 @@ pub async fn lock(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<Vec<TxRow>, Sto
     Ok(txstore::lock_rows(w, tx_ids).await?)
 }
 
-/// The highest recorded attempt of each of these transactions that has one.
-pub async fn highest_attempts(
+/// These transactions of the writer's signer, locked as [`lock`] locks them, each with its
+/// highest recorded attempt (`None`: none yet), in one statement: what recording signatures
+/// needs.
+pub async fn lock_with_attempts(
     w: &mut Fenced<'_>,
     tx_ids: &[Uuid],
-) -> Result<HashMap<Uuid, i32>, StoreError> {
-    if tx_ids.is_empty() {
-        return Ok(HashMap::new());
+) -> Result<Vec<(TxRow, Option<i32>)>, StoreError> {
+    #[derive(sqlx::FromRow)]
+    struct Raw {
+        #[sqlx(flatten)]
+        row: txstore::RawRow,
+        highest: Option<i32>,
     }
-    let rows: Vec<(Uuid, Option<i32>)> = w
+    let key = w.lease().key().clone();
+    let raw: Vec<Raw> = w
         .read(
-            "highest attempts",
-            sqlx::query_as(
-                "SELECT tx_id, max(attempt) FROM tx_attempts WHERE tx_id = ANY($1) GROUP BY tx_id",
-            )
-            .bind(tx_ids.to_vec()),
+            "lock rows with attempts",
+            sqlx::query_as(&format!(
+                "SELECT {},
+                        (SELECT max(a.attempt) FROM tx_attempts a WHERE a.tx_id = m.tx_id) AS highest
+                 FROM managed_tx m
+                 WHERE m.tx_id = ANY($1) AND {SIGNER_ROW} ORDER BY m.nonce, m.tx_id FOR UPDATE OF m",
+                txstore::ROW_COLUMNS
+            ))
+            .bind(tx_ids.to_vec())
+            .bind(key.chain_id.0)
+            .bind(key.signer.as_str().to_string()),
         )
         .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|(tx_id, a)| a.map(|a| (tx_id, a)))
-        .collect())
+    raw.into_iter()
+        .map(|r| {
+            txstore::typed(r.row)
+                .map(|row| (row, r.highest))
+                .map_err(|e| StoreError::Read(ReadError::Corrupt(e)))
+        })
+        .collect()
 }
 
 /// The stored TxSigned events of these transactions (every attempt's).
