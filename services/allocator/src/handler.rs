@@ -620,7 +620,6 @@ impl RequestStage {
         let moved = store::simulated(&mut tx.writer(), &simulated).await?;
         // A request that cannot be paid waits without a nonce too, so it blocks nobody either.
         store::hold_requests(&mut tx.writer(), &held).await?;
-        metrics::get().tx_create(metrics::create_result::HELD, held.len() as u64);
         as_simulated.retain(|r| moved.iter().any(|l| l.tx_id == r.tx_id));
         Ok((self.failures(&key, failed, &landed), as_simulated))
     }
@@ -638,8 +637,17 @@ impl RequestStage {
         writes: Option<SimWrites>,
     ) -> Result<Vec<Output>, HandlerError> {
         let mut outputs = Vec::new();
-        let simulated = match writes {
-            Some(writes) if !snapshot.waiting => {
+        if let Some(writes) = writes {
+            let held = writes.held.len() as u64;
+            if snapshot.waiting {
+                let mut tx = ctx.lease.begin(ctx.pool).await?;
+                let (failures, _) = self.write_simulation(&mut tx, writes).await?;
+                tx.commit().await?;
+                metrics::get().tx_create(metrics::create_result::HELD, held);
+                outputs.extend(failures);
+            } else {
+                // The allocation's calls to the node, before the transaction opens: the plan is
+                // made on the rows as the simulation will leave them.
                 let plan = self
                     .plan_allocation(ctx, snapshot, writes.as_simulated.clone())
                     .await;
@@ -650,6 +658,7 @@ impl RequestStage {
                     Ok(plan) => plan,
                     Err(e) => {
                         tx.commit().await?;
+                        metrics::get().tx_create(metrics::create_result::HELD, held);
                         return Err(e);
                     }
                 };
@@ -658,18 +667,13 @@ impl RequestStage {
                     outputs.extend(self.write_allocation(&mut tx, plan, Some(&landed)).await?);
                 }
                 tx.commit().await?;
+                metrics::get().tx_create(metrics::create_result::HELD, held);
                 return Ok(outputs);
             }
-            Some(writes) => {
-                let mut tx = ctx.lease.begin(ctx.pool).await?;
-                let (failures, landed) = self.write_simulation(&mut tx, writes).await?;
-                tx.commit().await?;
-                outputs.extend(failures);
-                landed
-            }
-            None => Vec::new(),
-        };
-        if let Some(plan) = self.plan_allocation(ctx, snapshot, simulated).await? {
+        }
+        // Rows waited before the drive (allocation reads them, with what the simulation just
+        // committed), or nothing was simulated.
+        if let Some(plan) = self.plan_allocation(ctx, snapshot, Vec::new()).await? {
             let mut tx = ctx.lease.begin(ctx.pool).await?;
             outputs.extend(self.write_allocation(&mut tx, plan, None).await?);
             tx.commit().await?;
@@ -838,7 +842,7 @@ impl RequestStage {
             // request order. One made SIMULATED or REPLACED meanwhile by another (an approval,
             // a reorg) is allocated by the next drive, the recovery scan's at the latest.
             let mut rows = simulated;
-            rows.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+            rows.truncate(room.max(1));
             rows
         };
         if rows.is_empty() {
