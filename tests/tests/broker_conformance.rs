@@ -439,3 +439,49 @@ async fn characterize_replication_factor_above_the_broker_count_is_accepted() {
         .expect("an existing topic is left alone");
     assert_eq!(replicas(&settings, topic), got);
 }
+
+/// The partitions of `topic` as the broker's metadata lists them (0 when it does not know it).
+fn partition_count(settings: &txflow_core::kafka::KafkaSettings, topic: &str) -> usize {
+    let c = group_consumer(settings, &unique("partitions"));
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    md.topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+        .map_or(0, |t| t.partitions().len())
+}
+
+/// A stage keeps one `TopicAdmin` for its life and ensures its topics on every recovery scan: the
+/// same client must create them again after the broker lost them (a memory broker's restart), and
+/// leave existing ones alone.
+#[tokio::test]
+async fn one_topic_admin_creates_the_topics_again_after_the_broker_lost_them() {
+    let mut broker = OwnBroker::spawn().await;
+    let settings = broker.settings();
+    let topics = vec![unique("admin-a"), unique("admin-b")];
+    let admin = txflow_core::kafka::TopicAdmin::new(&settings).expect("admin client");
+    admin.ensure(&topics, 3).await.expect("create");
+    admin
+        .ensure(&topics, 5)
+        .await
+        .expect("existing topics are left alone");
+    for t in &topics {
+        assert_eq!(partition_count(&settings, t), 3, "{t}");
+    }
+
+    broker.restart(true).await;
+    for t in &topics {
+        assert_eq!(partition_count(&settings, t), 0, "{t} survived the restart");
+    }
+    // The client reconnects by itself: the next call creates them again.
+    wait_until(
+        "the same admin client creates the lost topics",
+        LONG,
+        || async { admin.ensure(&topics, 3).await.is_ok() },
+    )
+    .await;
+    for t in &topics {
+        assert_eq!(partition_count(&settings, t), 3, "{t}");
+    }
+}

@@ -283,38 +283,64 @@ impl Classify for TopicAdminError {
 }
 
 /// Creates `topics` with `partitions` partitions and `settings.replication_factor` replicas each;
-/// topics that already exist are left alone (their partitions and replicas unchanged).
+/// topics that already exist are left alone (their partitions and replicas unchanged). A client
+/// for one call: a stage that ensures its topics again and again keeps a [`TopicAdmin`].
 pub async fn ensure_topics(
     settings: &KafkaSettings,
     topics: &[String],
     partitions: i32,
 ) -> Result<(), TopicAdminError> {
-    let admin: AdminClient<DefaultClientContext> = settings
-        .admin_config()
-        .create()
-        .map_err(TopicAdminError::Client)?;
-    let new: Vec<NewTopic<'_>> = topics
-        .iter()
-        .map(|t| {
-            NewTopic::new(
-                t,
-                partitions,
-                TopicReplication::Fixed(settings.replication_factor),
-            )
+    TopicAdmin::new(settings)?.ensure(topics, partitions).await
+}
+
+/// An admin client kept for the life of its owner, for [`TopicAdmin::ensure`] again and again.
+/// A client made for one call costs a connection to the broker and, when dropped, about 100 ms
+/// of librdkafka's teardown: made and dropped on every recovery scan, inside the stage's loop,
+/// it held each stage's messages up that long every scan (every second for the confirmation
+/// manager; ARCHITECTURE.md, "Latency when idle").
+pub struct TopicAdmin {
+    admin: AdminClient<DefaultClientContext>,
+    replication_factor: i32,
+}
+
+impl TopicAdmin {
+    pub fn new(settings: &KafkaSettings) -> Result<TopicAdmin, TopicAdminError> {
+        let admin = settings
+            .admin_config()
+            .create()
+            .map_err(TopicAdminError::Client)?;
+        Ok(TopicAdmin {
+            admin,
+            replication_factor: settings.replication_factor,
         })
-        .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    let results = admin
-        .create_topics(&new, &opts)
-        .await
-        .map_err(TopicAdminError::Request)?;
-    for r in results {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => return Err(TopicAdminError::Topic { topic, code }),
-        }
     }
-    Ok(())
+
+    /// Creates those of `topics` that do not exist, as [`ensure_topics`] does.
+    pub async fn ensure(&self, topics: &[String], partitions: i32) -> Result<(), TopicAdminError> {
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|t| {
+                NewTopic::new(
+                    t,
+                    partitions,
+                    TopicReplication::Fixed(self.replication_factor),
+                )
+            })
+            .collect();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = self
+            .admin
+            .create_topics(&new, &opts)
+            .await
+            .map_err(TopicAdminError::Request)?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => return Err(TopicAdminError::Topic { topic, code }),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Deletes `topics` (best effort cleanup for tests and tools).

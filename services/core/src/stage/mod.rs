@@ -51,7 +51,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::codec::RegistryCodec;
-use crate::kafka::{KafkaSettings, ensure_topics};
+use crate::kafka::{KafkaSettings, TopicAdmin};
 use crate::lease::{LeaseError, LeaseManager};
 use crate::retry::{Classify, Retry};
 use crate::telemetry;
@@ -154,7 +154,11 @@ impl<H: Handler> StageRuntime<H> {
         topics.push(self.config.dlq_topic.clone());
         topics.sort();
         topics.dedup();
-        ensure_topics(&self.kafka, &topics, self.config.partitions)
+        // One admin client for the stage's life: the topics are ensured again on every
+        // recovery scan, inside the loop (`TopicAdmin` says what a client per call cost).
+        let admin = TopicAdmin::new(&self.kafka).map_err(StageError::Topics)?;
+        admin
+            .ensure(&topics, self.config.partitions)
             .await
             .map_err(StageError::Topics)?;
 
@@ -235,7 +239,7 @@ impl<H: Handler> StageRuntime<H> {
             if Instant::now() >= next_scan {
                 next_scan = Instant::now() + self.config.recovery_interval;
                 // The broker may have lost topics (a memory broker restart): recreate them.
-                if let Err(e) = ensure_topics(&self.kafka, &topics, self.config.partitions).await {
+                if let Err(e) = admin.ensure(&topics, self.config.partitions).await {
                     tracing::warn!(error = %e, "could not ensure topics");
                 }
                 let parts: Vec<i32> = assigned.iter().copied().collect();
