@@ -358,6 +358,8 @@ struct PipelineRun {
     elapsed: Duration,
     /// Request → SUBMITTED, ms, sorted.
     latencies: Vec<f64>,
+    /// The same time step by step ([`STEPS`]), ms, each sorted.
+    steps: Vec<Vec<f64>>,
     /// The open loop's schedule as kept (`--rate`).
     offered: Option<Offered>,
     /// Over `elapsed`.
@@ -423,6 +425,13 @@ impl PipelineRun {
             percentile(lat, 0.95),
             percentile(lat, 0.99)
         );
+        for ((name, _), lat) in STEPS.iter().zip(&self.steps) {
+            println!(
+                "  {name:<22} p50 {:.0} ms  p99 {:.0} ms",
+                percentile(lat, 0.5),
+                percentile(lat, 0.99)
+            );
+        }
         println!("{}", self.cpu.line());
         if let Some(c) = &self.confirmed {
             println!(
@@ -464,6 +473,18 @@ impl PipelineRun {
         let Some(fields) = report.as_object_mut() else {
             return report;
         };
+        let steps: serde_json::Map<String, serde_json::Value> = STEPS
+            .iter()
+            .zip(&self.steps)
+            .map(|((name, _), lat)| {
+                let q = serde_json::json!({
+                    "p50": percentile(lat, 0.5),
+                    "p99": percentile(lat, 0.99),
+                });
+                ((*name).to_string(), q)
+            })
+            .collect();
+        fields.insert("steps_ms".into(), steps.into());
         if let Some(o) = &self.offered {
             fields.insert("rate".into(), o.rate.into());
             fields.insert("offered_per_s".into(), o.per_s().into());
@@ -676,7 +697,12 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
             )
         })
         .sum();
-    let submitted = event_times(&pool, &run, "TxSubmitted").await?;
+    let mut marks = Vec::with_capacity(STEPS.len());
+    for (_, event_type) in STEPS {
+        marks.push(event_times(&pool, &run, event_type).await?);
+    }
+    let steps = step_latencies(&sent.at, &marks);
+    let submitted = marks.pop().unwrap_or_default();
     let resigned = resigned(&pool, &run).await?;
     let confirmed = match confirmed {
         Some((n, in_time)) => Some(ConfirmedRun {
@@ -701,6 +727,7 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
         resigned,
         elapsed,
         latencies: latencies(&submitted, &sent.at),
+        steps,
         offered: sent.offered,
         cpu,
         confirmed,
@@ -892,6 +919,49 @@ async fn resigned(pool: &sqlx::PgPool, run: &str) -> anyhow::Result<u64> {
     .fetch_one(pool)
     .await?;
     Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// A request's way to SUBMITTED, step by step: each step's name (a `steps_ms` field) and the
+/// event that ends it, the previous step's event (the request's send, for the first) starting
+/// it. An event's time is when the transaction that recorded it began (`tx_events.created_at`):
+/// a step is the wait for the stage (the broker hop, the batch, the drive before its write) plus
+/// the previous stage's transaction after that event. The last event is the one `p50_ms` …
+/// `p99_ms` measure to.
+const STEPS: [(&str, &str); 4] = [
+    ("request_to_accepted", "TxAccepted"),
+    ("accepted_to_allocated", "TxAllocated"),
+    ("allocated_to_signed", "TxSigned"),
+    ("signed_to_submitted", "TxSubmitted"),
+];
+
+/// For each step, the milliseconds between consecutive marks (`marks[k]` the time of step `k`'s
+/// event per request; the request's send before the first), sorted; only requests with every
+/// mark count, so that each step's percentiles are over the same requests.
+fn step_latencies(
+    sent_at: &std::collections::HashMap<String, i64>,
+    marks: &[Vec<(String, i64)>],
+) -> Vec<Vec<f64>> {
+    let by_request: Vec<std::collections::HashMap<&str, i64>> = marks
+        .iter()
+        .map(|m| m.iter().map(|(r, t)| (r.as_str(), *t)).collect())
+        .collect();
+    let mut steps = vec![Vec::new(); marks.len()];
+    for (request, sent) in sent_at {
+        let times: Option<Vec<i64>> = by_request
+            .iter()
+            .map(|m| m.get(request.as_str()).copied())
+            .collect();
+        let Some(times) = times else { continue };
+        let mut from = *sent;
+        for (step, at) in steps.iter_mut().zip(times) {
+            step.push((at - from) as f64);
+            from = at;
+        }
+    }
+    for step in &mut steps {
+        step.sort_by(f64::total_cmp);
+    }
+    steps
 }
 
 /// Milliseconds from each request's send to `at`, sorted.
@@ -1147,7 +1217,7 @@ async fn run_anvil(config: &Config, args: &BenchArgs) -> anyhow::Result<AnvilRun
 
 #[cfg(test)]
 mod tests {
-    use super::{compare_report, nonce_gaps, offered_per_s, percentile, ratio};
+    use super::{compare_report, nonce_gaps, offered_per_s, percentile, ratio, step_latencies};
     use std::time::Duration;
 
     #[test]
@@ -1227,6 +1297,28 @@ mod tests {
                 "{name}: next nonce {next}, ours {ours:?}"
             );
         }
+    }
+
+    #[test]
+    fn steps_are_the_times_between_consecutive_events_of_requests_that_have_them_all() {
+        let sent: std::collections::HashMap<String, i64> = [
+            ("a".to_string(), 1_000),
+            ("b".to_string(), 2_000),
+            ("c".to_string(), 3_000),
+        ]
+        .into_iter()
+        .collect();
+        let mark = |v: &[(&str, i64)]| -> Vec<(String, i64)> {
+            v.iter().map(|(r, t)| (r.to_string(), *t)).collect()
+        };
+        let marks = vec![
+            mark(&[("a", 1_010), ("b", 2_030), ("c", 3_005)]),
+            // `c` never got further: it counts in no step.
+            mark(&[("a", 1_050), ("b", 2_040)]),
+        ];
+        let steps = step_latencies(&sent, &marks);
+        assert_eq!(steps, vec![vec![10.0, 30.0], vec![10.0, 40.0]]);
+        assert!(step_latencies(&sent, &[]).is_empty());
     }
 
     #[test]

@@ -560,6 +560,17 @@ async fn bench_compare_reports_the_pipeline_next_to_the_chain_alone() {
         number(&r, "p99_ms"),
     );
     assert!(0.0 <= p50 && p50 <= p95 && p95 <= p99, "{r}");
+    // The same way step by step, from the events recorded in PostgreSQL.
+    for step in [
+        "request_to_accepted",
+        "accepted_to_allocated",
+        "allocated_to_signed",
+        "signed_to_submitted",
+    ] {
+        let q = &r["steps_ms"][step];
+        let (s50, s99) = (number(q, "p50"), number(q, "p99"));
+        assert!(0.0 <= s50 && s50 <= s99 && s99 <= p99, "{step}: {r}");
+    }
     for phase in ["cpu_s", "anvil_cpu_s"] {
         for who in [
             "txflow",
