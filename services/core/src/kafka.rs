@@ -333,38 +333,44 @@ impl TopicAdmin {
             .create_topics(&new, &opts)
             .await
             .map_err(TopicAdminError::Request)?;
-        for r in results {
-            match r {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => return Err(TopicAdminError::Topic { topic, code }),
-            }
-        }
-        Ok(())
+        per_topic(results, RDKafkaErrorCode::TopicAlreadyExists)
+    }
+
+    /// Deletes `topics`; those that do not exist are no error.
+    pub async fn delete(&self, topics: &[String]) -> Result<(), TopicAdminError> {
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = self
+            .admin
+            .delete_topics(&names, &opts)
+            .await
+            .map_err(TopicAdminError::Request)?;
+        per_topic(results, RDKafkaErrorCode::UnknownTopicOrPartition)
     }
 }
 
-/// Deletes `topics` (best effort cleanup for tests and tools).
-pub async fn delete_topics(
-    settings: &KafkaSettings,
-    topics: &[String],
+/// The first topic an admin request failed for, other than with `fine` (the outcome asked for
+/// was already there).
+fn per_topic(
+    results: Vec<Result<String, (String, RDKafkaErrorCode)>>,
+    fine: RDKafkaErrorCode,
 ) -> Result<(), TopicAdminError> {
-    let admin: AdminClient<DefaultClientContext> = settings
-        .admin_config()
-        .create()
-        .map_err(TopicAdminError::Client)?;
-    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    let results = admin
-        .delete_topics(&names, &opts)
-        .await
-        .map_err(TopicAdminError::Request)?;
     for r in results {
         match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Ok(_) => {}
+            Err((_, code)) if code == fine => {}
             Err((topic, code)) => return Err(TopicAdminError::Topic { topic, code }),
         }
     }
     Ok(())
+}
+
+/// Deletes `topics` (best effort cleanup for tests and tools), with a client for the call.
+pub async fn delete_topics(
+    settings: &KafkaSettings,
+    topics: &[String],
+) -> Result<(), TopicAdminError> {
+    TopicAdmin::new(settings)?.delete(topics).await
 }
 
 #[cfg(test)]
