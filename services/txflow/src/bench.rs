@@ -299,6 +299,14 @@ async fn compare(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         pipeline.tx_per_s(),
         chain.tx_per_s()
     );
+    let budget = budget_ms_per_tx(pipeline.cpu.cores, chain.tx_per_s());
+    println!(
+        "CPU per request for a ratio of {RATIO_GOAL}: {budget:.2} ms of the machine's {} cores; \
+         the pipeline used {:.2} ms, the node alone {:.2} ms of it",
+        pipeline.cpu.cores,
+        per_tx(pipeline.cpu.machine, pipeline.mined),
+        per_tx(pipeline.cpu.of("anvil"), pipeline.mined),
+    );
     if args.json {
         println!("{}", compare_report(pipeline.json(), &chain.json()));
     }
@@ -314,8 +322,33 @@ fn ratio(pipeline_tx_per_s: f64, chain_tx_per_s: f64) -> f64 {
     }
 }
 
+/// The ratio issue 15 asks of the pipeline: half of the chain's own throughput.
+const RATIO_GOAL: f64 = 0.5;
+
+/// The machine CPU one request may cost for the pipeline to reach [`RATIO_GOAL`] of a chain that
+/// takes `chain_tx_per_s` alone, with every one of `cores` busy: everything the pipeline runs on
+/// this machine (the node, PostgreSQL, the broker, txflow) within that many milliseconds per
+/// request. NaN (`null`) without a ceiling or a core count.
+fn budget_ms_per_tx(cores: usize, chain_tx_per_s: f64) -> f64 {
+    if cores > 0 && chain_tx_per_s > 0.0 && chain_tx_per_s.is_finite() {
+        cores as f64 * 1000.0 / (RATIO_GOAL * chain_tx_per_s)
+    } else {
+        f64::NAN
+    }
+}
+
+/// CPU milliseconds per transaction; NaN when unknown.
+fn per_tx(seconds: Option<f64>, txs: usize) -> f64 {
+    match seconds {
+        Some(s) if txs > 0 => s * 1000.0 / txs as f64,
+        _ => f64::NAN,
+    }
+}
+
 /// `--compare`'s JSON line: the pipeline's report with the chain-alone phase's figures beside it
-/// (`anvil_*`) and `ratio` = `tx_per_s` / `anvil_tx_per_s`.
+/// (`anvil_*`), `ratio` = `tx_per_s` / `anvil_tx_per_s`, and `budget_ms_per_tx`: the machine
+/// CPU per request at which the pipeline could reach [`RATIO_GOAL`] ([`budget_ms_per_tx`]), to
+/// read beside its `cpu_ms_per_tx`.
 fn compare_report(pipeline: serde_json::Value, chain: &serde_json::Value) -> serde_json::Value {
     let mut report = pipeline;
     let ratio = ratio(
@@ -331,10 +364,20 @@ fn compare_report(pipeline: serde_json::Value, chain: &serde_json::Value) -> ser
             ("anvil_refused", "refused"),
             ("anvil_mined", "mined"),
             ("anvil_cpu_s", "cpu_s"),
+            ("anvil_cpu_ms_per_tx", "cpu_ms_per_tx"),
         ] {
             fields.insert(ours.into(), chain[theirs].clone());
         }
         fields.insert("ratio".into(), ratio.into());
+        let cores = fields
+            .get("cores")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0);
+        let budget = budget_ms_per_tx(
+            usize::try_from(cores).unwrap_or(0),
+            chain["tx_per_s"].as_f64().unwrap_or(f64::NAN),
+        );
+        fields.insert("budget_ms_per_tx".into(), budget.into());
     }
     report
 }
@@ -364,11 +407,34 @@ struct PipelineRun {
     offered: Option<Offered>,
     /// Over `elapsed`.
     cpu: CpuUse,
+    /// What PostgreSQL recorded for the measured requests when the run ended.
+    writes: Writes,
     /// `--until confirmed`.
     confirmed: Option<ConfirmedRun>,
     head: u64,
     confirmations_required: u32,
     deadline: Duration,
+}
+
+/// The measured requests' recorded moves (`tx_events` rows: one per state change or
+/// announcement) and the write transactions they were recorded in (distinct `created_at`: each is
+/// its transaction's start), read when the run ended (the receipt checker and the confirmation
+/// manager may still be at work on them). Transactions per request is what a stage's work per
+/// signer and batch costs: fewer requests per signer and batch, more of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Writes {
+    rows: u64,
+    transactions: u64,
+}
+
+impl Writes {
+    fn per_request(n: u64, requests: usize) -> f64 {
+        if requests == 0 {
+            f64::NAN
+        } else {
+            n as f64 / requests as f64
+        }
+    }
 }
 
 struct ConfirmedRun {
@@ -433,6 +499,19 @@ impl PipelineRun {
             );
         }
         println!("{}", self.cpu.line());
+        println!(
+            "per request: {:.2} ms of the machine's CPU (txflow {:.2}, broker {:.2}, node {:.2}, \
+             the database's backends {:.2}), {:.0} tx/s at that cost with every core busy; {:.1} moves recorded \
+             in {:.2} write transactions",
+            per_tx(self.cpu.machine, self.mined),
+            per_tx(self.cpu.of("txflow"), self.mined),
+            per_tx(self.cpu.of("broker"), self.mined),
+            per_tx(self.cpu.of("anvil"), self.mined),
+            per_tx(self.cpu.of("postgres_db"), self.mined),
+            self.cpu.capacity_per_s(self.mined),
+            Writes::per_request(self.writes.rows, self.requests()),
+            Writes::per_request(self.writes.transactions, self.requests()),
+        );
         if let Some(c) = &self.confirmed {
             println!(
                 "confirmed  {} in {:.1} s ({} confirmations each; {} block(s) mined by the bench)",
@@ -469,6 +548,12 @@ impl PipelineRun {
             "p95_ms": percentile(lat, 0.95),
             "p99_ms": percentile(lat, 0.99),
             "cpu_s": self.cpu.json(),
+            "cores": self.cpu.cores,
+            "cpu_ms_per_tx": self.cpu.ms_per_tx(self.mined),
+            "capacity_tx_per_s": self.cpu.capacity_per_s(self.mined),
+            "moves_per_request": Writes::per_request(self.writes.rows, self.requests()),
+            "write_transactions_per_request":
+                Writes::per_request(self.writes.transactions, self.requests()),
         });
         let Some(fields) = report.as_object_mut() else {
             return report;
@@ -704,6 +789,7 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
     let steps = step_latencies(&sent.at, &marks);
     let submitted = marks.pop().unwrap_or_default();
     let resigned = resigned(&pool, &run).await?;
+    let writes = writes(&pool, &run).await?;
     let confirmed = match confirmed {
         Some((n, in_time)) => Some(ConfirmedRun {
             confirmed: n,
@@ -730,6 +816,7 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
         steps,
         offered: sent.offered,
         cpu,
+        writes,
         confirmed,
         head,
         confirmations_required: config.confirmations_required,
@@ -919,6 +1006,24 @@ async fn resigned(pool: &sqlx::PgPool, run: &str) -> anyhow::Result<u64> {
     .fetch_one(pool)
     .await?;
     Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// The measured requests' [`Writes`].
+async fn writes(pool: &sqlx::PgPool, run: &str) -> anyhow::Result<Writes> {
+    let (like, not_like) = Phase::Measured.patterns(run);
+    let (rows, transactions): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT e.created_at)
+         FROM managed_tx m JOIN tx_events e ON e.tx_id = m.tx_id
+         WHERE m.request_id LIKE $1 AND m.request_id NOT LIKE $2",
+    )
+    .bind(like)
+    .bind(not_like)
+    .fetch_one(pool)
+    .await?;
+    Ok(Writes {
+        rows: u64::try_from(rows).unwrap_or(0),
+        transactions: u64::try_from(transactions).unwrap_or(0),
+    })
 }
 
 /// A request's way to SUBMITTED, step by step: each step's name (a `steps_ms` field) and the
@@ -1115,6 +1220,7 @@ impl AnvilRun {
             "tx_per_s": self.tx_per_s(),
             "seconds": self.mined_in.as_secs_f64(),
             "cpu_s": self.cpu.json(),
+            "cpu_ms_per_tx": self.cpu.ms_per_tx(usize::try_from(self.mined).unwrap_or(0)),
         })
     }
 
@@ -1217,7 +1323,10 @@ async fn run_anvil(config: &Config, args: &BenchArgs) -> anyhow::Result<AnvilRun
 
 #[cfg(test)]
 mod tests {
-    use super::{compare_report, nonce_gaps, offered_per_s, percentile, ratio, step_latencies};
+    use super::{
+        Writes, budget_ms_per_tx, compare_report, nonce_gaps, offered_per_s, per_tx, percentile,
+        ratio, step_latencies,
+    };
     use std::time::Duration;
 
     #[test]
@@ -1236,13 +1345,13 @@ mod tests {
             "scenario": "pipeline", "requests": 20, "mined": 20, "duplicates": 0,
             "unmined": 0, "seconds": 0.5, "tx_per_s": 40.0, "p50_ms": 30.0, "p95_ms": 40.0,
             "p99_ms": 41.0, "cpu_s": {"txflow": 1.0, "broker": 0.1, "anvil": 0.2,
-            "postgres": 0.3, "machine": 1.8},
+            "postgres": 0.3, "machine": 1.8}, "cores": 2,
         });
         let chain = serde_json::json!({
             "scenario": "anvil", "requests": 20, "refused": 0, "mined": 20,
             "send_per_s": 400.0, "tx_per_s": 160.0, "seconds": 0.125,
             "cpu_s": {"txflow": 0.01, "broker": 0.0, "anvil": 0.1, "postgres": 0.0,
-            "machine": 0.2},
+            "machine": 0.2}, "cpu_ms_per_tx": {"anvil": 5.0, "machine": 10.0},
         });
         let r = compare_report(pipeline.clone(), &chain);
         assert_eq!(r["scenario"], "compare");
@@ -1253,6 +1362,9 @@ mod tests {
         assert_eq!(r["anvil_refused"], 0);
         assert_eq!(r["anvil_mined"], 20);
         assert_eq!(r["anvil_cpu_s"], chain["cpu_s"]);
+        assert_eq!(r["anvil_cpu_ms_per_tx"], chain["cpu_ms_per_tx"]);
+        // Half of 160 tx/s on two cores: 2,000 ms of CPU a second over 80 requests.
+        assert_eq!(r["budget_ms_per_tx"], 25.0);
         // The pipeline's own figures are kept as they were.
         for field in [
             "requests", "mined", "tx_per_s", "p99_ms", "cpu_s", "seconds",
@@ -1262,6 +1374,23 @@ mod tests {
         // A chain phase that mined nothing gives no ratio.
         let none = compare_report(pipeline, &serde_json::json!({"tx_per_s": 0.0}));
         assert_eq!(none["ratio"], serde_json::Value::Null);
+        assert_eq!(none["budget_ms_per_tx"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn the_budget_is_the_machines_cpu_over_half_the_chains_rate() {
+        // 4,000 tx/s alone: half is 2,000 requests a second, for which two cores have 2,000 ms
+        // of CPU a second, 1 ms each; one core half of that.
+        assert_eq!(budget_ms_per_tx(2, 4000.0), 1.0);
+        assert_eq!(budget_ms_per_tx(1, 4000.0), 0.5);
+        assert!(budget_ms_per_tx(0, 4000.0).is_nan());
+        assert!(budget_ms_per_tx(2, 0.0).is_nan());
+        assert!(budget_ms_per_tx(2, f64::INFINITY).is_nan());
+        assert_eq!(per_tx(Some(3.0), 1500), 2.0);
+        assert!(per_tx(None, 1500).is_nan());
+        assert!(per_tx(Some(3.0), 0).is_nan());
+        assert_eq!(Writes::per_request(21_000, 2000), 10.5);
+        assert!(Writes::per_request(1, 0).is_nan());
     }
 
     #[test]

@@ -272,6 +272,41 @@ impl CpuUse {
         fields.into()
     }
 
+    /// The CPU seconds of the group named `who` (one of [`WHO`]).
+    pub fn of(&self, who: &str) -> Option<f64> {
+        WHO.iter()
+            .position(|w| *w == who)
+            .and_then(|i| self.seconds[i])
+    }
+
+    /// Each group's CPU milliseconds per transaction (`txs` of them in the phase), in the shape
+    /// of [`Self::json`]: what one request cost each process, and the machine. `null` for what
+    /// was not found, and everything `null` without a transaction.
+    pub fn ms_per_tx(&self, txs: usize) -> serde_json::Value {
+        let per = |s: Option<f64>| match s {
+            Some(s) if txs > 0 => Some(s * 1000.0 / txs as f64),
+            _ => None,
+        };
+        let mut fields: serde_json::Map<String, serde_json::Value> = WHO
+            .iter()
+            .zip(self.seconds)
+            .map(|(who, s)| (who.to_string(), per(s).into()))
+            .collect();
+        fields.insert("machine".into(), per(self.machine).into());
+        fields.into()
+    }
+
+    /// The transactions per second the machine would carry at this CPU cost per transaction
+    /// with every core busy: `cores` ÷ machine CPU seconds per transaction. What the phase's
+    /// work costs, as a rate: a run that kept the machine busy is near it, and no rate above it
+    /// is possible for the same work on this machine. NaN (`null`) without a machine figure.
+    pub fn capacity_per_s(&self, txs: usize) -> f64 {
+        match self.machine {
+            Some(s) if s > 0.0 && txs > 0 && self.cores > 0 => self.cores as f64 * txs as f64 / s,
+            _ => f64::NAN,
+        }
+    }
+
     /// One line: each group's seconds and the cores it kept busy on average.
     pub fn line(&self) -> String {
         let share = |s: Option<f64>| match s {
@@ -496,6 +531,39 @@ mod tests {
              anvil 0.50 s (0.25 cores), postgres 1.00 s (0.50 cores), \
              postgres_db 0.25 s (0.12 cores), machine 3.50 s (1.75 cores) of 2 cores"
         );
+    }
+
+    #[test]
+    fn per_transaction_costs_divide_each_group_and_the_capacity_is_the_cores_over_the_machines() {
+        let used = CpuUse {
+            wall_s: 2.0,
+            seconds: [Some(1.5), None, Some(0.5), Some(1.0), Some(0.25)],
+            machine: Some(3.5),
+            cores: 2,
+        };
+        assert_eq!(
+            used.ms_per_tx(500),
+            serde_json::json!({
+                "txflow": 3.0, "broker": null, "anvil": 1.0, "postgres": 2.0,
+                "postgres_db": 0.5, "machine": 7.0
+            })
+        );
+        // 7 ms of the machine per transaction: two cores carry 2 / 0.007 ≈ 285.7 per second.
+        assert!((used.capacity_per_s(500) - 2000.0 / 7.0).abs() < 1e-9);
+        assert_eq!((used.of("anvil"), used.of("broker")), (Some(0.5), None));
+        // Nothing to divide by, or no machine figure: unknown, never a number.
+        assert!(
+            used.ms_per_tx(0)
+                .as_object()
+                .is_some_and(|o| o.values().all(serde_json::Value::is_null))
+        );
+        assert!(used.capacity_per_s(0).is_nan());
+        let blind = CpuUse {
+            machine: None,
+            ..used
+        };
+        assert!(blind.capacity_per_s(500).is_nan());
+        assert_eq!(blind.ms_per_tx(500)["machine"], serde_json::Value::Null);
     }
 
     /// This process is always found; a port nothing listens on finds nothing.

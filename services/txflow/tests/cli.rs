@@ -588,6 +588,44 @@ async fn bench_compare_reports_the_pipeline_next_to_the_chain_alone() {
     }
     // The pipeline ran in the bench's process: it used CPU.
     assert!(number(&r["cpu_s"], "txflow") > 0.0, "{r}");
+    // The same per mined request, the rate the machine carries at that cost, and the cost at
+    // which the pipeline could reach half of the chain's rate.
+    let cores = r["cores"].as_u64().unwrap_or(0) as f64;
+    assert!(cores >= 1.0, "{r}");
+    for (phase, per) in [
+        ("cpu_s", "cpu_ms_per_tx"),
+        ("anvil_cpu_s", "anvil_cpu_ms_per_tx"),
+    ] {
+        for who in ["txflow", "anvil", "machine"] {
+            let (s, ms) = (number(&r[phase], who), number(&r[per], who));
+            assert!(
+                (ms - s * 1000.0 / 20.0).abs() <= 1e-9 * ms.max(1.0),
+                "{per}.{who}: {r}"
+            );
+        }
+    }
+    let machine_ms = number(&r["cpu_ms_per_tx"], "machine");
+    let capacity = number(&r, "capacity_tx_per_s");
+    assert!(
+        (capacity - cores * 1000.0 / machine_ms).abs() <= 1e-6 * capacity,
+        "{r}"
+    );
+    let budget = number(&r, "budget_ms_per_tx");
+    assert!(
+        (budget - cores * 1000.0 / (0.5 * anvil_tx_per_s)).abs() <= 1e-9 * budget,
+        "{r}"
+    );
+    // Read from PostgreSQL: every mined request has at least its TxAccepted, TxSimulated,
+    // TxAllocated, TxSigned and TxSubmitted rows, written in at least one transaction and in no
+    // more transactions than rows.
+    let (moves, transactions) = (
+        number(&r, "moves_per_request"),
+        number(&r, "write_transactions_per_request"),
+    );
+    assert!(
+        moves >= 5.0 && 0.0 < transactions && transactions <= moves,
+        "{r}"
+    );
     // The chain-alone phase went around txflow: PostgreSQL holds the 20 requests and the 2
     // warm-ups, each submitted, and nothing of the other 20 transactions.
     assert_eq!(submitted_and_rows(&db).await, (22, 22));
