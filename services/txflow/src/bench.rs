@@ -23,7 +23,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use txflow_core::config::Config;
 use txflow_core::kafka::{delete_topics, ensure_topics};
 
-use crate::bench_cpu::{CpuProbe, CpuUse};
+use crate::bench_cpu::{self, CpuProbe, CpuUse};
 use crate::local::{BlockNudge, LocalPipeline};
 
 #[derive(Args, Debug)]
@@ -337,12 +337,9 @@ fn budget_ms_per_tx(cores: usize, chain_tx_per_s: f64) -> f64 {
     }
 }
 
-/// CPU milliseconds per transaction; NaN when unknown.
+/// CPU milliseconds per transaction ([`bench_cpu::ms_per_tx`]); NaN when unknown, for printing.
 fn per_tx(seconds: Option<f64>, txs: usize) -> f64 {
-    match seconds {
-        Some(s) if txs > 0 => s * 1000.0 / txs as f64,
-        _ => f64::NAN,
-    }
+    bench_cpu::ms_per_tx(seconds, txs).unwrap_or(f64::NAN)
 }
 
 /// `--compare`'s JSON line: the pipeline's report with the chain-alone phase's figures beside it

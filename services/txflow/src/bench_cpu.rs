@@ -263,12 +263,17 @@ impl CpuUse {
     /// `{"txflow": s, "broker": s, "anvil": s, "postgres": s, "postgres_db": s, "machine": s}`,
     /// `null` for what was not found.
     pub fn json(&self) -> serde_json::Value {
+        self.each(|s| s)
+    }
+
+    /// Each group's and the machine's seconds through `f`, named as in [`Self::json`].
+    fn each(&self, f: impl Fn(Option<f64>) -> Option<f64>) -> serde_json::Value {
         let mut fields: serde_json::Map<String, serde_json::Value> = WHO
             .iter()
             .zip(self.seconds)
-            .map(|(who, s)| (who.to_string(), s.into()))
+            .map(|(who, s)| (who.to_string(), f(s).into()))
             .collect();
-        fields.insert("machine".into(), self.machine.into());
+        fields.insert("machine".into(), f(self.machine).into());
         fields.into()
     }
 
@@ -283,17 +288,7 @@ impl CpuUse {
     /// of [`Self::json`]: what one request cost each process, and the machine. `null` for what
     /// was not found, and everything `null` without a transaction.
     pub fn ms_per_tx(&self, txs: usize) -> serde_json::Value {
-        let per = |s: Option<f64>| match s {
-            Some(s) if txs > 0 => Some(s * 1000.0 / txs as f64),
-            _ => None,
-        };
-        let mut fields: serde_json::Map<String, serde_json::Value> = WHO
-            .iter()
-            .zip(self.seconds)
-            .map(|(who, s)| (who.to_string(), per(s).into()))
-            .collect();
-        fields.insert("machine".into(), per(self.machine).into());
-        fields.into()
+        self.each(|s| ms_per_tx(s, txs))
     }
 
     /// The transactions per second the machine would carry at this CPU cost per transaction
@@ -325,6 +320,15 @@ impl CpuUse {
             self.cores
         ));
         format!("CPU over {:.1} s: {}", self.wall_s, parts.join(", "))
+    }
+}
+
+/// CPU `seconds` as milliseconds per transaction, `txs` of them; `None` when unknown or without a
+/// transaction.
+pub fn ms_per_tx(seconds: Option<f64>, txs: usize) -> Option<f64> {
+    match seconds {
+        Some(s) if txs > 0 => Some(s * 1000.0 / txs as f64),
+        _ => None,
     }
 }
 
@@ -510,14 +514,19 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn a_use_reports_each_group_and_null_for_what_was_not_found() {
-        let used = CpuUse {
+    /// 2 s of wall time on 2 cores; no broker found.
+    fn two_seconds_on_two_cores() -> CpuUse {
+        CpuUse {
             wall_s: 2.0,
             seconds: [Some(1.5), None, Some(0.5), Some(1.0), Some(0.25)],
             machine: Some(3.5),
             cores: 2,
-        };
+        }
+    }
+
+    #[test]
+    fn a_use_reports_each_group_and_null_for_what_was_not_found() {
+        let used = two_seconds_on_two_cores();
         assert_eq!(
             used.json(),
             serde_json::json!({
@@ -535,12 +544,7 @@ mod tests {
 
     #[test]
     fn per_transaction_costs_divide_each_group_and_the_capacity_is_the_cores_over_the_machines() {
-        let used = CpuUse {
-            wall_s: 2.0,
-            seconds: [Some(1.5), None, Some(0.5), Some(1.0), Some(0.25)],
-            machine: Some(3.5),
-            cores: 2,
-        };
+        let used = two_seconds_on_two_cores();
         assert_eq!(
             used.ms_per_tx(500),
             serde_json::json!({
