@@ -224,6 +224,32 @@ fn promtool_check(text: &str) -> Result<(), String> {
     }
 }
 
+/// Waits until `proc` is alive (`/healthz`) and ready (`/readyz`, every check ok).
+async fn ready(proc: &Proc) {
+    wait_until(
+        &format!("{} answers /healthz", proc.role),
+        Duration::from_secs(60),
+        || async {
+            proc.get("/healthz")
+                .await
+                .is_some_and(|(s, b)| s == 200 && b == "ok\n")
+        },
+    )
+    .await;
+    let (status, body) = wait_for(
+        &format!("{} answers /readyz", proc.role),
+        Duration::from_secs(30),
+        || async { proc.get("/readyz").await },
+    )
+    .await;
+    assert_eq!(status, 200, "{} /readyz: {body}", proc.role);
+    let v: serde_json::Value = serde_json::from_str(&body).expect("readyz JSON");
+    assert_eq!(v["status"], "ready", "{body}");
+    for check in ["database", "broker", "rpc", "leases"] {
+        assert_eq!(v["checks"][check], "ok", "{} /readyz: {body}", proc.role);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_role_process_serves_metrics_that_match_the_database_and_the_chain() {
     const N: usize = 12;
@@ -236,32 +262,17 @@ async fn every_role_process_serves_metrics_that_match_the_database_and_the_chain
         ("TXFLOW_CONFIRMATIONS_REQUIRED".into(), "3".into()),
         p.signer_keys_env(),
     ]);
-    let procs: Vec<Proc> = ROLES.iter().map(|r| Proc::spawn(r, &env)).collect();
-
-    // Alive and ready once started.
+    // The broadcaster starts only once the requests are SIGNED and every process's sampler has
+    // recorded them so: without it they stay SIGNED, so the per-signer series of tx_open is
+    // sure to be seen with its value rather than depending on a sample falling in the short
+    // window a request is in flight.
+    let mut procs: Vec<Proc> = ROLES
+        .iter()
+        .filter(|r| **r != "broadcaster")
+        .map(|r| Proc::spawn(r, &env))
+        .collect();
     for proc in &procs {
-        wait_until(
-            &format!("{} answers /healthz", proc.role),
-            Duration::from_secs(60),
-            || async {
-                proc.get("/healthz")
-                    .await
-                    .is_some_and(|(s, b)| s == 200 && b == "ok\n")
-            },
-        )
-        .await;
-        let (status, body) = wait_for(
-            &format!("{} answers /readyz", proc.role),
-            Duration::from_secs(30),
-            || async { proc.get("/readyz").await },
-        )
-        .await;
-        assert_eq!(status, 200, "{} /readyz: {body}", proc.role);
-        let v: serde_json::Value = serde_json::from_str(&body).expect("readyz JSON");
-        assert_eq!(v["status"], "ready", "{body}");
-        for check in ["database", "broker", "rpc", "leases"] {
-            assert_eq!(v["checks"][check], "ok", "{} /readyz: {body}", proc.role);
-        }
+        ready(proc).await;
     }
 
     // Before any request, the known series are there at 0.
@@ -287,6 +298,39 @@ async fn every_role_process_serves_metrics_that_match_the_database_and_the_chain
     for i in 0..N {
         p.send(&p.request(i % 2, &format!("metrics-{i}"))).await;
     }
+    wait_until(
+        "every request is SIGNED (no broadcaster yet)",
+        Duration::from_secs(120),
+        || async {
+            p.count("SELECT count(*) FROM managed_tx WHERE state = 'SIGNED'")
+                .await
+                == N as i64
+        },
+    )
+    .await;
+    // Open transactions by state per signer, as every process samples them: the rows in SIGNED.
+    for proc in &procs {
+        for s in [p.signer(0), p.signer(1)] {
+            wait_until(
+                &format!(
+                    "{} samples tx_open{{state=SIGNED}} = {} for {s}",
+                    proc.role,
+                    N / 2
+                ),
+                Duration::from_secs(60),
+                || async {
+                    proc.metrics()
+                        .await
+                        .sum("tx_open", &[("signer", &s), ("state", "SIGNED")])
+                        == (N / 2) as f64
+                },
+            )
+            .await;
+        }
+    }
+    let broadcaster = Proc::spawn("broadcaster", &env);
+    ready(&broadcaster).await;
+    procs.push(broadcaster);
     wait_until(
         "every request is CONFIRMED",
         Duration::from_secs(240),
@@ -315,7 +359,7 @@ async fn every_role_process_serves_metrics_that_match_the_database_and_the_chain
                 "fsm_transition_total",
                 &[("from", "MINED"), ("to", "CONFIRMED")],
             ) >= N as f64
-                && total(&all, "tx_open", &[("state", "SUBMITTED")]) == 0.0;
+                && total(&all, "tx_open", &[]) == 0.0;
             done.then_some(all)
         },
     )
@@ -452,12 +496,20 @@ async fn every_role_process_serves_metrics_that_match_the_database_and_the_chain
             panic!("{role}: promtool check metrics:\n{lint}\n{}", e.text);
         }
     }
-    // Open transactions by state per signer were seen while in flight, and read 0 once confirmed.
-    assert!(
-        all.iter()
-            .any(|(_, e)| e.has("tx_open", &[("signer", &p.signer(0))])),
-        "tx_open per signer"
-    );
+    // Open transactions by state per signer, seen while in flight above, read 0 once confirmed.
+    for (role, e) in &all {
+        for s in [p.signer(0), p.signer(1)] {
+            assert!(
+                e.has("tx_open", &[("signer", &s), ("state", "SIGNED")]),
+                "{role}: the tx_open series of {s} in SIGNED"
+            );
+            assert_eq!(
+                e.sum("tx_open", &[("signer", &s)]),
+                0.0,
+                "{role}: {s} has no open transaction once all are confirmed"
+            );
+        }
+    }
 
     // A process whose only RPC endpoint is dead: alive, not ready, the RPC check named.
     let mut dead_env: Vec<(String, String)> = env
