@@ -106,6 +106,8 @@ struct State {
     client: reqwest::Client,
     rules: Mutex<Vec<Rule>>,
     counts: Mutex<Counts>,
+    /// A lagging node: the chain as it stood at this block ([`FaultProxy::lag_at`]).
+    frozen: Mutex<Option<u64>>,
 }
 
 /// A running proxy, stopped when dropped.
@@ -127,6 +129,7 @@ impl FaultProxy {
             client: reqwest::Client::new(),
             rules: Mutex::new(rules),
             counts: Mutex::new(Counts::default()),
+            frozen: Mutex::new(None),
         });
         let s = state.clone();
         let task = tokio::spawn(async move {
@@ -151,6 +154,14 @@ impl FaultProxy {
     /// Replaces the rules (an empty list: forward everything).
     pub fn set_rules(&self, rules: Vec<Rule>) {
         *self.state.rules.lock().unwrap_or_else(|p| p.into_inner()) = rules;
+    }
+
+    /// Makes the proxy a node that lags at block `head` (`None`: follows the upstream again):
+    /// its head is `head`, a block above it is unknown (`null`), a transaction or receipt in a
+    /// block above it is unknown, and an account's nonce is the one at `head`. Everything else
+    /// is forwarded (a lagging node still takes transactions). The rules apply first.
+    pub fn lag_at(&self, head: Option<u64>) {
+        *self.state.frozen.lock().unwrap_or_else(|p| p.into_inner()) = head;
     }
 
     /// Calls seen, per method.
@@ -274,8 +285,12 @@ async fn handle(
         }
         fault
     };
+    let frozen = *s.frozen.lock().unwrap_or_else(|p| p.into_inner());
     match fault {
-        None => Ok(forward(&s, body).await),
+        None => match frozen {
+            Some(head) if !parsed_is_batch(&body) => Ok(lagging(&s, head, &first, body).await),
+            _ => Ok(forward(&s, body).await),
+        },
         Some(Fault::Status(code)) => Ok(respond(
             StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY),
             Bytes::from_static(b"injected failure"),
@@ -295,5 +310,68 @@ async fn handle(
             let _ = forward(&s, body).await;
             Ok(rpc_error(&id, code, &message))
         }
+    }
+}
+
+fn parsed_is_batch(body: &Bytes) -> bool {
+    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[')
+}
+
+/// A block number of a JSON-RPC answer or parameter (`0x…`), if it is one.
+fn number(v: &serde_json::Value) -> Option<u64> {
+    v.as_str()
+        .and_then(|h| h.strip_prefix("0x"))
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+}
+
+/// One call answered as a node whose head is `head` would ([`FaultProxy::lag_at`]).
+async fn lagging(
+    s: &State,
+    head: u64,
+    call: &serde_json::Value,
+    body: Bytes,
+) -> Response<Full<Bytes>> {
+    let id = &call["id"];
+    let method = call["method"].as_str().unwrap_or("?");
+    let params = call["params"].as_array().cloned().unwrap_or_default();
+    let tag = format!("{head:#x}");
+    // A call whose block parameter (at `at`) is rewritten to at most `head`.
+    let at_most_head = |at: usize| {
+        let mut call = call.clone();
+        let past = match params.get(at) {
+            Some(p) => number(p).is_none_or(|n| n > head),
+            None => true,
+        };
+        if past && let Some(list) = call["params"].as_array_mut() {
+            while list.len() <= at {
+                list.push(serde_json::Value::Null);
+            }
+            list[at] = serde_json::Value::String(tag.clone());
+        }
+        Bytes::from(call.to_string())
+    };
+    match method {
+        "eth_blockNumber" => rpc_result(id, &serde_json::Value::String(tag.clone())),
+        "eth_getBlockByNumber" => {
+            if params.first().and_then(number).is_some_and(|n| n > head) {
+                return rpc_result(id, &serde_json::Value::Null);
+            }
+            forward(s, at_most_head(0)).await
+        }
+        "eth_getTransactionCount" | "eth_getBalance" | "eth_getCode" => {
+            forward(s, at_most_head(1)).await
+        }
+        "eth_getTransactionReceipt" | "eth_getTransactionByHash" => {
+            let answer = forward(s, body).await;
+            let bytes = answer.into_body().collect().await.map(|b| b.to_bytes());
+            let bytes = bytes.unwrap_or_default();
+            let parsed: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            match parsed["result"].get("blockNumber").and_then(number) {
+                // In a block above its head: a lagging node does not know it yet.
+                Some(n) if n > head => rpc_result(id, &serde_json::Value::Null),
+                _ => respond(StatusCode::OK, bytes),
+            }
+        }
+        _ => forward(s, body).await,
     }
 }

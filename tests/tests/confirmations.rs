@@ -46,6 +46,7 @@ use txflow_core::events::{
     TxAccepted, TxConfirmationsUpdated, TxConfirmed, TxReceiptUpdated, TxSubmitted,
 };
 use txflow_core::lease::LeaseConfig;
+use txflow_tests::fault_proxy::{Fault, FaultProxy, Rule};
 use txflow_tests::pipeline::Pipeline;
 use txflow_tests::{AnvilNode, group_consumer, registry_url, unique, wait_until};
 
@@ -70,8 +71,19 @@ struct Run {
 impl Run {
     async fn start(signers: usize, required: u32) -> Run {
         let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
+        Run::start_on(anvil, signers, required, |_| {}).await
+    }
+
+    /// [`Run::start`] on `anvil` (`--no-mining`), the configuration customised.
+    async fn start_on(
+        anvil: AnvilNode,
+        signers: usize,
+        required: u32,
+        customize: impl FnOnce(&mut Config),
+    ) -> Run {
         let mut p = Pipeline::prepare_on(anvil, signers, |c| {
             c.confirmations_required = required;
+            customize(c);
         })
         .await;
         let config = p.config.clone();
@@ -1146,4 +1158,220 @@ async fn a_reverted_transaction_is_settled_at_the_depth_with_success_false_and_k
         drive().await.expect("drive").is_empty(),
         "settled: nothing more"
     );
+}
+
+/// Confirms one request at block `b`, then replaces the last three blocks with new ones in which
+/// the original's signed bytes are included again at another height (`index` of the new blocks:
+/// 0 is below its old block, 2 above it), the confirmation manager down across the reorg when
+/// `cm_down`; then mines two blocks. The transaction is txflow's own attempt found on the chain:
+/// CONFIRMED again at its original nonce, from the block it is in now, executed once, never
+/// undone (no TxReorgUndone, no second signature of the request).
+async fn a_deep_reorg_that_re_includes_the_original(cm_down: bool, index: usize) {
+    let mut run = Run::start(1, 2).await;
+    // Blocks below the request's, so that the reorg never reaches the genesis block.
+    run.mine(2).await;
+    let tx = run.confirm_one("ri").await;
+    let tx_id = tx.to_string();
+    let old_block: i64 = sqlx::query_scalar("SELECT mined_block_number FROM managed_tx")
+        .fetch_one(&run.p.db.pool)
+        .await
+        .expect("its block");
+    let raw: Vec<u8> =
+        sqlx::query_scalar("SELECT raw_tx FROM tx_attempts WHERE tx_id = $1 AND attempt = 1")
+            .bind(tx)
+            .fetch_one(&run.p.db.pool)
+            .await
+            .expect("the signed bytes");
+    if cm_down {
+        run.stop_cm().await;
+    }
+    let head = run.head().await;
+    assert_eq!(head, old_block as u64 + 1, "confirmed at depth 2");
+    let outsider = TransactionRequest::default()
+        .with_from(OUTSIDER.parse::<Address>().expect("address"))
+        .with_to(
+            txflow_tests::pipeline::SINK
+                .parse::<Address>()
+                .expect("sink"),
+        )
+        .with_value(U256::from(7))
+        .with_gas_limit(21_000);
+    // Blocks head-2 ..= head replaced; the outsider's transfer in a block other than ours.
+    let outsider_at = if index == 0 { 1 } else { 0 };
+    run.p
+        .provider()
+        .anvil_reorg(ReorgOptions {
+            depth: 3,
+            tx_block_pairs: vec![
+                (TransactionData::JSON(outsider), outsider_at),
+                (TransactionData::Raw(raw.into()), index as u64),
+            ],
+        })
+        .await
+        .expect("anvil_reorg");
+    let again = head - 2 + index as u64;
+    assert_ne!(again as i64, old_block, "another height");
+    run.mine(2).await;
+    if cm_down {
+        run.start_cm("confirm-2").await;
+    }
+    run.wait_count(
+        "confirmed again at its nonce, from the block it is in now",
+        &format!(
+            "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED' AND reorged_at IS NULL
+             AND reorg_generation = 1 AND nonce = 0 AND mined_block_number = {again}"
+        ),
+        1,
+    )
+    .await;
+    let second = txflow_confirmation_manager::decide::confirmed_event_id(tx, 1).to_string();
+    run.events
+        .until("the TxConfirmed of generation 1", |seen| {
+            confirmed_ids(seen)
+                .get(&tx_id)
+                .is_some_and(|ids| ids.contains(&second))
+        })
+        .await;
+    let seen = run.events.seen.clone();
+    let (_, c) = confirmed(&seen)
+        .into_iter()
+        .find(|(s, _)| s.event_id == second)
+        .expect("the TxConfirmed of generation 1");
+    assert_eq!((c.block_number as u64, c.nonce), (again, 0));
+    // Mined once, at its nonce; never undone, never re-allocated or signed again; nothing left
+    // in the node's pool (the defensive cancellation was refused: the nonce is used).
+    let mined = run.p.mined().await;
+    assert_eq!(mined.len(), 1, "executed once: {mined:?}");
+    assert_eq!((mined[0].nonce, mined[0].block), (0, again));
+    assert_eq!(mined[0].marker(), "txflow:ri-0-0");
+    assert_eq!(
+        run.count("SELECT count(*) FROM tx_events WHERE type = 'TxReorgUndone'")
+            .await,
+        0,
+        "never undone"
+    );
+    assert_eq!(
+        run.count("SELECT count(*) FROM tx_attempts").await,
+        1,
+        "signed once"
+    );
+    assert_eq!(run.p.pool_status().await, ("0x0".into(), "0x0".into()));
+    run.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_confirmed_transaction_re_included_above_its_block_while_the_confirmation_manager_was_down_is_confirmed_again_and_executed_once()
+ {
+    a_deep_reorg_that_re_includes_the_original(true, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_confirmed_transaction_re_included_below_its_block_by_a_deep_reorg_is_confirmed_again_and_executed_once()
+ {
+    a_deep_reorg_that_re_includes_the_original(false, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_to_an_endpoint_lagging_more_than_the_depth_is_not_a_reorg() {
+    let alerts = Alerts::install();
+    let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
+    // Two endpoints of one chain: the first, which the pipeline uses while it answers, and a
+    // second whose head the test holds back.
+    let first = FaultProxy::start(&anvil.url, vec![]).await;
+    let behind = FaultProxy::start(&anvil.url, vec![]).await;
+    let urls = vec![first.url.clone(), behind.url.clone()];
+    let run = Run::start_on(anvil, 1, 3, move |c| c.rpc_urls = urls).await;
+    run.mine(2).await;
+    // A transaction final and watched, and one mined and counting toward its depth.
+    run.submit("lag-a", 1).await;
+    run.mine(3).await;
+    run.wait_count(
+        "the first confirmed",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'",
+        1,
+    )
+    .await;
+    let a_block: i64 = sqlx::query_scalar(
+        "SELECT mined_block_number FROM managed_tx WHERE request_id = 'lag-a-0-0'",
+    )
+    .fetch_one(&run.p.db.pool)
+    .await
+    .expect("its block");
+    let a_block = a_block as u64;
+    run.mine(2).await;
+    run.submit("lag-b", 1).await;
+    run.mine(1).await;
+    run.wait_lists("lag-b", 1, 1).await;
+    let head = run.head().await;
+    assert_eq!(head, a_block + 5);
+
+    // The first endpoint fails; the second has seen the first transaction's block and the one
+    // above it, 4 blocks behind the head (more than the 3 required): not the second's block.
+    behind.lag_at(Some(a_block + 1));
+    first.set_rules(vec![Rule::all(1, Fault::Status(503))]);
+    let reads = || {
+        behind
+            .calls()
+            .get("eth_getBlockByNumber")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = reads();
+    wait_until(
+        "the confirmation manager follows the lagging endpoint",
+        LONG,
+        || async { reads() >= before + 20 },
+    )
+    .await;
+    let (run_ref, alerts_ref) = (&run, &alerts);
+    let nothing_undone = |when: &'static str| async move {
+        let (run, alerts) = (run_ref, alerts_ref);
+        assert_eq!(
+            run.count(
+                "SELECT count(*) FROM tx_events WHERE type IN ('TxReorged', 'TxReorgUndone')"
+            )
+            .await,
+            0,
+            "{when}: nothing went back to SUBMITTED or SIMULATED"
+        );
+        assert_eq!(
+            run.count(
+                "SELECT count(*) FROM tx_events WHERE type = 'TxConfirmationsUpdated'
+                 AND (payload->>'new_fork')::boolean"
+            )
+            .await,
+            0,
+            "{when}: no new fork announced"
+        );
+        assert_eq!(
+            run.count("SELECT count(*) FROM managed_tx WHERE reorged_at IS NOT NULL")
+                .await,
+            0,
+            "{when}: no deep reorg recorded"
+        );
+        assert!(
+            !alerts.raised(txflow_confirmation_manager::DEEP_REORG_ALERT),
+            "{when}: no critical alert"
+        );
+    };
+    nothing_undone("behind").await;
+    assert_eq!(run.state("lag-a-0-0").await, "CONFIRMED");
+    assert_eq!(run.state("lag-b-0-0").await, "MINED");
+
+    // The endpoint catches up: the second transaction is confirmed at its depth.
+    behind.lag_at(None);
+    run.mine(2).await;
+    run.wait_count(
+        "the second confirmed",
+        "SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'",
+        2,
+    )
+    .await;
+    nothing_undone("caught up").await;
+    assert_eq!(run.p.mined().await.len(), 2, "each mined once");
+    assert!(
+        first.faults().values().sum::<u64>() > 0,
+        "the first endpoint failed calls"
+    );
+    run.finish().await;
 }

@@ -62,11 +62,14 @@ impl View {
         self.blocks.keys().next().copied()
     }
 
-    /// Whether block `hash` is the canonical one at `number`: `Some(false)` when another block is,
-    /// or when `number` is past the head; `None` when the view does not reach down to it.
+    /// Whether block `hash` is the canonical one at `number`: `Some(false)` only when another
+    /// block is, at a height the view holds; `None` when the view does not reach down to it, or
+    /// when `number` is past the head. A head below a block seen before is an endpoint that has
+    /// not seen that block yet (a lagging node after a failover), never proof that it is gone:
+    /// a reorg is decided from a hash that differs at a height the endpoint has reached.
     pub fn holds(&self, number: u64, hash: &str) -> Option<bool> {
         if number > self.head {
-            return Some(false);
+            return None;
         }
         self.blocks
             .get(&number)
@@ -203,10 +206,12 @@ pub enum Step {
     Reevaluate,
 }
 
-/// The announcement `list` makes after `announced`: none if it is the same list; `new_fork =
-/// false` if it extends it; `true` if a block announced before is no longer in it.
+/// The announcement `list` makes after `announced`: none if it is the same list, or a part of
+/// it that stops at a lower head (the endpoint has not seen the later blocks yet: nothing is
+/// known to have changed); `new_fork = false` if it extends it; `true` if a block announced
+/// before is replaced by another at a height the list reaches.
 pub fn announcement(announced: &[BlockRef], list: &[BlockRef]) -> Option<Announcement> {
-    if announced == list {
+    if announced == list || (!list.is_empty() && announced.starts_with(list)) {
         return None;
     }
     Some(Announcement {
@@ -368,8 +373,8 @@ mod tests {
         assert_eq!(v.holds(5, &block(5, 1).hash), Some(false));
         assert_eq!(
             v.holds(11, &block(11, 0).hash),
-            Some(false),
-            "past the head"
+            None,
+            "past the head: not known yet (a lagging endpoint), never gone"
         );
         let partial = View::new(10, (8..=10).map(|n| block(n, 0)));
         assert_eq!(partial.holds(5, &b5.hash), None, "below the view");
@@ -394,9 +399,15 @@ mod tests {
                 Some(true),
             ),
             (
-                "the head went back",
+                "the head went back (a lagging endpoint): nothing known to have changed",
                 a.clone(),
                 list(5, 5, 99, 0),
+                None,
+            ),
+            (
+                "the head went back, and the block it holds is another",
+                a.clone(),
+                list(5, 5, 5, 1),
                 Some(true),
             ),
             (
@@ -529,11 +540,32 @@ mod tests {
                 Step::Reorg,
             ),
             (
-                "its block past a shorter head: reorg",
+                "its block past a shorter head (a lagging endpoint): not known yet",
                 t(Phase::Mined, two, None),
                 chain(4, 99, 0),
                 RULES,
-                Step::Reorg,
+                Step::Idle,
+            ),
+            (
+                "final, its block past a shorter head: no deep reorg",
+                t(final_ok, three, Some(12)),
+                chain(4, 99, 0),
+                RULES,
+                Step::Idle,
+            ),
+            (
+                "final, the head below its last announced block: nothing to announce",
+                t(final_ok, three, Some(12)),
+                chain(6, 99, 0),
+                RULES,
+                Step::Idle,
+            ),
+            (
+                "mined, the head back at its own block: nothing to announce",
+                t(Phase::Mined, two, None),
+                chain(5, 99, 0),
+                RULES,
+                Step::Idle,
             ),
             (
                 "below the view: nothing yet",

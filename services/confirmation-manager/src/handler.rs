@@ -264,8 +264,29 @@ impl Handler for ConfirmStage {
             .map(|(t, _)| t.row.tx_id)
             .collect();
         let mut reevaluated = HashMap::new();
+        let mut view = view;
         if !rechecks.is_empty() {
             reevaluated = self.recheck(ctx.pool, key, &plan, &view).await?;
+            // An attempt found mined again below what the view reaches (it has no block of its
+            // own to follow from until now): the view is read again down to that block, so that
+            // its list is announced from it in this drive.
+            let again: Vec<u64> = reevaluated
+                .values()
+                .filter_map(|r| match r {
+                    Recheck::Mined(receipt, _) => Some(receipt.block_number),
+                    _ => None,
+                })
+                .collect();
+            if let Some(low) = again.iter().copied().min()
+                && view.lowest().is_none_or(|l| low < l)
+            {
+                let high = again.iter().copied().max().unwrap_or(low).max(to);
+                view = self
+                    .heads
+                    .view(self.chain.as_ref(), from.min(low), high)
+                    .await
+                    .map_err(|e| HandlerError::classified("follow the heads", e))?;
+            }
         }
         self.record(&ctx, &view, plan, reevaluated).await
     }
@@ -458,7 +479,7 @@ impl ConfirmStage {
                     .await
                     .map_err(|e| HandlerError::classified("receipt", e))?;
                 if let Some(r) = receipt
-                    && view.holds(r.block_number, &format!("{:#x}", r.block_hash)) == Some(true)
+                    && self.canonical(view, r.block_number, r.block_hash).await?
                 {
                     mined = Some((r, a.attempt));
                     break;
@@ -480,6 +501,23 @@ impl ConfirmStage {
             out.insert(t.row.tx_id, recheck);
         }
         Ok(out)
+    }
+
+    /// Whether block `hash` is the canonical one at `number`: from the view where it reaches
+    /// that block, else from the chain at that number. Our own attempt found in a block the view
+    /// does not reach (a transaction undone by a deep reorg has no block of its own to follow
+    /// from, so the view may hold the head alone) is checked there, never taken for a nonce
+    /// consumed by someone else.
+    async fn canonical(&self, view: &View, number: u64, hash: B256) -> Result<bool, HandlerError> {
+        if let Some(holds) = view.holds(number, &format!("{hash:#x}")) {
+            return Ok(holds);
+        }
+        let block = self
+            .chain
+            .block(number)
+            .await
+            .map_err(|e| HandlerError::classified("block", e))?;
+        Ok(block.is_some_and(|b| b.hash == hash))
     }
 
     /// The hash of the signer's defensive cancellation of `nonce` (`tx_cancellations`) if it is
@@ -693,6 +731,10 @@ impl ConfirmStage {
                 Step::Reevaluate => match reevaluated.remove(&tx_id) {
                     Some(Recheck::Mined(r, attempt)) => {
                         let number = r.block_number;
+                        // Announced from its block once the view holds that very block.
+                        if view.holds(number, &format!("{:#x}", r.block_hash)) != Some(true) {
+                            continue;
+                        }
                         let Some(list) = view.list(number, self.config.required) else {
                             continue;
                         };
