@@ -434,6 +434,11 @@ impl ChainClient for FakeChain {
                 .map(|s| FakeChain::block_at(&s, number).map(|b| b.transactions.clone())),
         )
     }
+
+    /// Every account is rich on the fake chain: it models nonces, not balances.
+    fn balance(&self, _address: Address) -> ChainFuture<'_, U256> {
+        ready(self.enter("balance").map(|_| U256::MAX))
+    }
 }
 
 /// A signed 1-wei EIP-1559 transfer on chain 31337 with `fees` (max fee, tip): what the tests

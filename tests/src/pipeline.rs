@@ -192,6 +192,15 @@ impl Pipeline {
             .await
             .expect("outsider mined");
         assert!(receipt.status(), "the outside transaction succeeded");
+        // Final: buried at the required depth (its own block counted), so that the nonce is
+        // used for good and a transaction of txflow's at it is REPLACED.
+        let more = u64::from(self.config.confirmations_required.saturating_sub(1));
+        if more > 0 {
+            self.provider()
+                .anvil_mine(Some(more), None)
+                .await
+                .expect("anvil_mine");
+        }
     }
 
     /// The allocator (requests and commands) in this process, as node `name`.
@@ -329,6 +338,7 @@ impl Pipeline {
             max_priority_fee_per_gas: None,
             metadata: Default::default(),
             depends_on_request_id: None,
+            depends_on_signer: None,
         }
     }
 

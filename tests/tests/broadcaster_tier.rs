@@ -116,6 +116,8 @@ impl Tier {
                 topics: topics.clone(),
                 // Not within a test: a resubmission would be one more send to account for.
                 resubmit_interval: Duration::from_secs(3600),
+                // A nonce used elsewhere is final in its own block on the fake chain.
+                confirmations_required: 1,
             },
             chain.clone(),
         );

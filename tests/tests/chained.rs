@@ -119,6 +119,7 @@ async fn a_chained_request_on_another_signer_waits_for_its_parent_to_be_confirme
     // The child first, on signer 1: its parent, on signer 0, is not even received yet.
     let mut child = p.request(1, "hop-2");
     child.depends_on_request_id = Some("hop-1".into());
+    child.depends_on_signer = Some(p.signer(0));
     p.send(&child).await;
     probe(&p, 1, "probe-0").await;
     assert_waiting(&p, "hop-2", 1, "not received yet").await;
@@ -193,6 +194,7 @@ async fn a_chained_request_whose_parent_fails_is_failed_naming_it_and_one_naming
 
     let mut child = p.request(1, "after-doomed");
     child.depends_on_request_id = Some("doomed".into());
+    child.depends_on_signer = Some(p.signer(0));
     p.send(&child).await;
     let mut selfish = p.request(1, "selfish");
     selfish.depends_on_request_id = Some("selfish".into());
@@ -328,5 +330,107 @@ async fn a_chained_request_whose_parent_fails_is_failed_naming_it_and_one_naming
     );
     assert_eq!(pending_nonce(&p, 0).await, 0);
     assert_eq!(pending_nonce(&p, 1).await, 1);
+    p.stop().await;
+}
+
+/// The state of signer `i`'s request `request_id`.
+async fn state_of(p: &Pipeline, i: usize, request_id: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT state FROM managed_tx WHERE signer = $1 AND request_id = $2")
+        .bind(p.signer(i))
+        .bind(request_id)
+        .fetch_optional(&p.db.pool)
+        .await
+        .expect("query")
+}
+
+async fn wait_state_of(p: &Pipeline, i: usize, request_id: &str, want: &str) {
+    wait_until(
+        &format!("signer {i}'s {request_id} is {want}"),
+        LONG,
+        || async { state_of(p, i, request_id).await.as_deref() == Some(want) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_chained_request_waits_for_its_own_parent_never_for_another_signers_request_with_the_same_id()
+ {
+    txflow_tests::show_logs();
+    // The policy refuses values above 100 wei; final at the transaction's own block.
+    let mut p = Pipeline::prepare(2, |c| {
+        c.policy_max_value_wei = Some("100".into());
+        c.confirmations_required = 1;
+    })
+    .await;
+    let config = p.config.clone();
+    p.start_all_stages(&config).await;
+
+    // Children of signer 0, each naming a request of its own signer not received yet.
+    let mut after_ok = p.request(0, "child-ok");
+    after_ok.depends_on_request_id = Some("same-1".into());
+    p.send(&after_ok).await;
+    let mut after_bad = p.request(0, "child-bad");
+    after_bad.depends_on_request_id = Some("same-2".into());
+    p.send(&after_bad).await;
+
+    // Signer 1's requests with the same ids: one confirmed, one failed. Neither is a parent.
+    p.send(&p.request(1, "same-1")).await;
+    let mut doomed = p.request(1, "same-2");
+    doomed.value = "1000".into();
+    p.send(&doomed).await;
+    wait_state_of(&p, 1, "same-1", "CONFIRMED").await;
+    wait_state_of(&p, 1, "same-2", "FAILED").await;
+    // A drive of signer 0 after both: the children were looked at with them there.
+    p.send(&p.request(0, "probe-0")).await;
+    wait_until("probe-0 is submitted", LONG, || async {
+        matches!(
+            state(&p, "probe-0").await.as_deref(),
+            Some("SUBMITTED" | "MINED" | "CONFIRMED")
+        )
+    })
+    .await;
+    for child in ["child-ok", "child-bad"] {
+        let (state, nonce, _, code, _) = row(&p, child).await.expect("the child");
+        assert_eq!(
+            (state.as_str(), nonce, code),
+            ("RECEIVED", None, None),
+            "{child} waits for its own signer's request, whatever another signer's did"
+        );
+    }
+    assert_eq!(
+        p.count(
+            "SELECT count(*) FROM managed_tx WHERE request_id LIKE 'child-%'
+             AND depends_on_signer = signer"
+        )
+        .await,
+        2,
+        "recorded with the parent's signer: their own"
+    );
+
+    // Signer 0's own parents: one goes through, one is refused.
+    p.send(&p.request(0, "same-1")).await;
+    let mut own_doomed = p.request(0, "same-2");
+    own_doomed.value = "1000".into();
+    p.send(&own_doomed).await;
+    wait_state_of(&p, 0, "same-1", "CONFIRMED").await;
+    wait_state_of(&p, 0, "child-ok", "CONFIRMED").await;
+    wait_state_of(&p, 0, "child-bad", "FAILED").await;
+    let own_parent: uuid::Uuid = sqlx::query_scalar(
+        "SELECT tx_id FROM managed_tx WHERE signer = $1 AND request_id = 'same-2'",
+    )
+    .bind(p.signer(0))
+    .fetch_one(&p.db.pool)
+    .await
+    .expect("the parent");
+    let (_, _, _, code, reason) = row(&p, "child-bad").await.expect("the child");
+    assert_eq!(code.as_deref(), Some("DEPENDENCY_FAILED"));
+    let reason = reason.expect("a reason");
+    assert!(
+        reason.contains(&own_parent.to_string()),
+        "failed with its own parent: {reason}"
+    );
+    let markers = p.mined_markers().await;
+    assert_eq!(markers.get("txflow:child-ok"), Some(&1), "{markers:?}");
+    assert_eq!(markers.get("txflow:child-bad"), None);
     p.stop().await;
 }

@@ -498,6 +498,7 @@ fn request(n: u32, signer: &str) -> TxRequest {
         max_priority_fee_per_gas: None,
         metadata: Default::default(),
         depends_on_request_id: None,
+        depends_on_signer: None,
     }
 }
 
@@ -633,6 +634,7 @@ impl Fixture for Broadcaster {
                 topics: env.topics.clone(),
                 // Not within a check: resubmissions would change what the checks compare.
                 resubmit_interval: Duration::from_secs(3600),
+                confirmations_required: 1,
             },
             chain: env.chain.clone(),
         }
@@ -768,6 +770,7 @@ impl Fixture for ReceiptChecker {
                 stale_receipt_timeout: Duration::from_secs(3600),
                 poll_min: Duration::from_millis(100),
                 poll_max: Duration::from_millis(100),
+                confirmations_required: 1,
             },
             env.chain.clone(),
         )

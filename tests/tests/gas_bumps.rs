@@ -23,7 +23,7 @@ use alloy::primitives::B256;
 use alloy::providers::Provider;
 use alloy::providers::ext::AnvilApi;
 use tracing_subscriber::layer::SubscriberExt;
-use txflow_signer_gateway::handler::{GAS_BUMP_AT_CAP, GAS_BUMPED};
+use txflow_signer_gateway::handler::{GAS_BUMP_AT_CAP, GAS_BUMP_HELD, GAS_BUMPED};
 use txflow_tests::pipeline::Pipeline;
 use txflow_tests::{AnvilNode, wait_until};
 
@@ -88,7 +88,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorder {
         let mut f = Fields::default();
         event.record(&mut f);
         if let (Some(e), Some(s)) = (f.event, f.signer)
-            && (e == GAS_BUMPED || e == GAS_BUMP_AT_CAP)
+            && (e == GAS_BUMPED || e == GAS_BUMP_AT_CAP || e == GAS_BUMP_HELD)
         {
             seen()
                 .lock()
@@ -234,6 +234,66 @@ async fn at_the_cap_a_stuck_transaction_raises_an_alert_and_is_resent_unraised()
         "no further attempt at the cap: {recorded:?}"
     );
     assert_eq!(count(GAS_BUMPED, &signer), 0);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signer_without_the_funds_for_a_bump_is_not_bumped_until_funds_arrive() {
+    seen();
+    let p = submitted("held-1", |_| {}).await;
+    let signer = p.signer(0);
+    let address = p.signers[0].address();
+    let provider = p.provider();
+    // The signer's funds are gone: its next request cannot be paid, nor a plain transfer's gas,
+    // and the allocator holds the signer.
+    provider
+        .anvil_set_balance(address, alloy::primitives::U256::from(1))
+        .await
+        .expect("drain");
+    p.send(&p.request(0, "held-2")).await;
+    wait_until("the allocator holds the signer", LONG, || async {
+        p.count(&format!(
+            "SELECT count(*) FROM signer_holds WHERE signer = '{signer}'"
+        ))
+        .await
+            == 1
+    })
+    .await;
+    // Stuck under the base fee: a bump is due, but the signer cannot pay for one.
+    raise_base_fee(&p).await;
+    wait_until(
+        "two recovery scans find the bump due and the signer without the funds for it",
+        LONG,
+        || async { count(GAS_BUMP_HELD, &signer) >= 2 },
+    )
+    .await;
+    assert_eq!(
+        attempts(&p, "held-1").await.len(),
+        1,
+        "no attempt 2 while the signer is held"
+    );
+    assert_eq!(count(GAS_BUMPED, &signer), 0);
+
+    // Funds again: the stuck transaction is bumped (whatever hold still waits to be cleared:
+    // a broadcaster's clears only when a node takes a send, which this bump is), then every
+    // hold clears.
+    provider
+        .anvil_set_balance(address, alloy::primitives::U256::from(10u128.pow(21)))
+        .await
+        .expect("fund");
+    wait_until("attempt 2 is signed and sent", LONG, || async {
+        attempts(&p, "held-1").await.get(1).is_some_and(|a| a.4)
+    })
+    .await;
+    assert!(count(GAS_BUMPED, &signer) >= 1);
+    wait_until("the holds clear", LONG, || async {
+        p.count(&format!(
+            "SELECT count(*) FROM signer_holds WHERE signer = '{signer}'"
+        ))
+        .await
+            == 0
+    })
+    .await;
     p.stop().await;
 }
 

@@ -347,6 +347,8 @@ async fn a_nonce_used_outside_txflow_while_submitted_is_replaced_then_reallocate
     let mut p = Pipeline::prepare_on(anvil, 1, |c| {
         c.stale_receipt_timeout_ms = 1000;
         c.resubmit_interval_ms = 600_000;
+        // The block that uses the nonce is final with one more block.
+        c.confirmations_required = 2;
     })
     .await;
     let config = p.config.clone();
@@ -396,9 +398,11 @@ async fn a_nonce_used_outside_txflow_while_submitted_is_replaced_then_reallocate
             .is_some(),
         "the outsider is mined"
     );
+    // Its block final (two confirmations).
+    provider.anvil_mine(Some(1), None).await.expect("mine");
 
-    // No receipt for our hash, the signer's nonce past ours for the stale timeout, and the block
-    // where it passed holds none of our hashes: REPLACED, re-allocated a fresh nonce, signed
+    // No receipt for our hash, the signer's nonce past ours for the stale timeout, and the final
+    // block where it passed holds none of our hashes: REPLACED, re-allocated a fresh nonce, signed
     // again and submitted.
     wait_until(
         "the request is replaced and submitted again at a fresh nonce",
@@ -564,4 +568,200 @@ async fn a_move_sets_keeps_or_clears_the_receipt_columns_in_its_own_statement() 
         columns().await,
         ("SUBMITTED".into(), None, None, None, true, true)
     );
+}
+
+/// The `tx_id`s of this process's `replacement_not_final` log events.
+fn not_final_seen() -> &'static std::sync::Mutex<Vec<String>> {
+    use std::sync::{Mutex, OnceLock};
+    use tracing_subscriber::layer::SubscriberExt;
+    static SEEN: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    SEEN.get_or_init(|| {
+        let _ = tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(NotFinalRecorder),
+        );
+        Mutex::new(Vec::new())
+    })
+}
+
+struct NotFinalRecorder;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for NotFinalRecorder {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        #[derive(Default)]
+        struct Fields {
+            event: Option<String>,
+            tx_id: Option<String>,
+        }
+        impl tracing::field::Visit for Fields {
+            fn record_str(&mut self, f: &tracing::field::Field, v: &str) {
+                if f.name() == "event" {
+                    self.event = Some(v.to_string());
+                }
+            }
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                let v = format!("{v:?}").trim_matches('"').to_string();
+                match f.name() {
+                    "event" => self.event = Some(v),
+                    "tx_id" => self.tx_id = Some(v),
+                    _ => {}
+                }
+            }
+        }
+        let mut f = Fields::default();
+        event.record(&mut f);
+        if let (Some(e), Some(tx)) = (f.event, f.tx_id)
+            && e == txflow_receipt_checker::handler::REPLACEMENT_NOT_FINAL
+        {
+            not_final_seen()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(tx);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_nonce_used_outside_txflow_in_a_block_a_reorg_removes_is_not_replaced_and_the_original_mines_once()
+ {
+    not_final_seen();
+    let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
+    let mut p = Pipeline::prepare_on(anvil, 1, |c| {
+        c.stale_receipt_timeout_ms = 1000;
+        c.resubmit_interval_ms = 600_000;
+        c.confirmations_required = 3;
+    })
+    .await;
+    let config = p.config.clone();
+    p.start_all_stages(&config).await;
+    let provider = p.provider();
+    // Blocks below ours, so that the reorg never reaches the genesis block.
+    provider.anvil_mine(Some(2), None).await.expect("mine");
+
+    p.send(&p.request(0, "kept")).await;
+    wait_until("the request is SUBMITTED", LONG, || async {
+        count_in(&p, &["SUBMITTED"]).await == 1
+    })
+    .await;
+    let kept = recorded(&p).await.remove(0);
+    assert_eq!(kept.nonce, Some(0));
+    let ours: B256 = attempt_hash(&p, kept.tx_id, 1).await.parse().expect("hash");
+    let raw: Vec<u8> =
+        sqlx::query_scalar("SELECT raw_tx FROM tx_attempts WHERE tx_id = $1 AND attempt = 1")
+            .bind(kept.tx_id)
+            .fetch_one(&p.db.pool)
+            .await
+            .expect("the signed bytes");
+
+    // The node forgets our transaction, and someone uses nonce 0 straight on the chain, in a
+    // block that is not final yet (1 of 3 confirmations).
+    provider
+        .anvil_drop_transaction(ours)
+        .await
+        .expect("anvil_dropTransaction");
+    let wallet = ProviderBuilder::new()
+        .wallet(EthereumWallet::from(p.signers[0].clone()))
+        .connect_http(p.anvil.url.parse().expect("url"));
+    let outsider = TransactionRequest::default()
+        .with_to(SINK.parse::<Address>().expect("sink"))
+        .with_value(U256::from(7))
+        .with_nonce(0)
+        .with_chain_id(31337)
+        .with_gas_limit(21_000)
+        .with_max_fee_per_gas(10_000_000_000)
+        .with_max_priority_fee_per_gas(1_000_000_000);
+    let outsider = *wallet
+        .send_transaction(outsider)
+        .await
+        .expect("send outside txflow")
+        .tx_hash();
+    provider.anvil_mine(Some(1), None).await.expect("mine");
+    let used_in = provider
+        .get_transaction_receipt(outsider)
+        .await
+        .expect("lookup")
+        .and_then(|r| r.block_number)
+        .expect("the outsider is mined");
+
+    // The receipt checker finds the nonce passed with no receipt of ours, searches the chain, and
+    // sees the block that used it is not final: the transaction keeps its nonce.
+    let tx = kept.tx_id.to_string();
+    // Until two proofs found it (or, the defect, it was replaced at once).
+    wait_until(
+        "two proofs find the nonce used in a block not final yet",
+        LONG,
+        || async {
+            not_final_seen()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|t| **t == tx)
+                .count()
+                >= 2
+                || p.count("SELECT count(*) FROM tx_events WHERE type = 'TxReplaced'")
+                    .await
+                    > 0
+        },
+    )
+    .await;
+    assert_eq!(
+        recorded(&p).await[0].state,
+        "SUBMITTED",
+        "not replaced while the block that used its nonce may still be reorged out"
+    );
+    assert_eq!(
+        p.count("SELECT count(*) FROM tx_events WHERE type = 'TxReplaced'")
+            .await,
+        0
+    );
+
+    // A reorg removes that block; our original is included in its place, then buried.
+    provider
+        .anvil_reorg(alloy::rpc::types::anvil::ReorgOptions {
+            depth: 1,
+            tx_block_pairs: vec![(
+                alloy::rpc::types::anvil::TransactionData::Raw(raw.into()),
+                0,
+            )],
+        })
+        .await
+        .expect("anvil_reorg");
+    provider.anvil_mine(Some(2), None).await.expect("mine");
+    wait_until("the original is confirmed at its nonce", LONG, || async {
+        p.count("SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED' AND nonce = 0")
+            .await
+            == 1
+    })
+    .await;
+    let mined = recorded(&p).await.remove(0);
+    assert_eq!(mined.mined_block_number, Some(used_in as i64));
+    assert_eq!(
+        mined.receipt.as_ref().map(|r| r["tx_hash"].clone()),
+        Some(serde_json::json!(format!("{ours:#x}"))),
+        "the receipt of our original"
+    );
+    assert_eq!(
+        p.mined_markers().await.get("txflow:kept"),
+        Some(&1),
+        "mined once"
+    );
+    assert!(
+        provider
+            .get_transaction_receipt(outsider)
+            .await
+            .expect("lookup")
+            .is_none(),
+        "the outsider's transaction is gone with its block"
+    );
+    assert_eq!(
+        p.count("SELECT count(*) FROM tx_events WHERE type = 'TxReplaced'")
+            .await,
+        0,
+        "never replaced"
+    );
+    assert_eq!(
+        p.count("SELECT count(*) FROM tx_attempts").await,
+        1,
+        "signed once, never re-allocated"
+    );
+    p.stop().await;
 }

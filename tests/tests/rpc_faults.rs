@@ -169,3 +169,72 @@ async fn with_one_of_two_endpoints_dead_the_traffic_goes_to_the_other() {
     );
     p.stop().await;
 }
+
+#[tokio::test]
+async fn an_unknown_error_of_the_simulation_is_retried_never_a_failure() {
+    let mut p = Pipeline::prepare(1, |_| {}).await;
+    // Every simulation fails with an error that says nothing about the call: an internal error,
+    // and a server error of a wording no row of the table knows.
+    let proxy = p
+        .behind_proxy(vec![
+            Rule::on(
+                "eth_estimateGas",
+                2,
+                Fault::RpcError {
+                    code: -32603,
+                    message: "internal error".into(),
+                },
+            ),
+            Rule::on(
+                "eth_estimateGas",
+                2,
+                Fault::RpcError {
+                    code: -32000,
+                    message: "header not found".into(),
+                },
+            )
+            .offset(1),
+        ])
+        .await;
+    let config = p.config.clone();
+    p.start_stages(&config).await;
+    let ids: Vec<String> = (0..2).map(|i| format!("unknown-{i}")).collect();
+    for id in &ids {
+        p.send(&p.request(0, id)).await;
+    }
+    let failed = |kind: &'static str| {
+        proxy
+            .faults()
+            .get(&("eth_estimateGas".to_string(), kind))
+            .copied()
+            .unwrap_or(0)
+    };
+    // Until the simulations failed several times, or (the defect) a request failed at once.
+    wait_until("the simulations failed several times", LONG, || async {
+        failed("rpc_error") >= 6
+            || p.count("SELECT count(*) FROM managed_tx WHERE state = 'FAILED'")
+                .await
+                > 0
+    })
+    .await;
+    assert_eq!(
+        p.count("SELECT count(*) FROM managed_tx WHERE state = 'FAILED'")
+            .await,
+        0,
+        "an unknown error fails no request"
+    );
+    assert_eq!(
+        p.count("SELECT count(*) FROM managed_tx WHERE state = 'RECEIVED'")
+            .await,
+        ids.len() as i64,
+        "they wait, holding no nonce"
+    );
+    // The node answers again: each request goes on and is mined once.
+    proxy.set_rules(Vec::new());
+    wait_until("every request is mined", LONG, || async {
+        p.mined_count().await >= ids.len() as u64
+    })
+    .await;
+    check_every_request_mined_once(&p, &ids).await;
+    p.stop().await;
+}

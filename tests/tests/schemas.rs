@@ -38,6 +38,7 @@ fn tx_request() -> TxRequest {
         max_priority_fee_per_gas: None,
         metadata: BTreeMap::from([("desk".to_string(), "treasury".to_string())]),
         depends_on_request_id: Some("invoice-2026-0000".into()),
+        depends_on_signer: Some(SIGNER.into()),
     }
 }
 fn tx_accepted() -> TxAccepted {

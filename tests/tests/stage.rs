@@ -46,6 +46,7 @@ fn request(signer: &str, request_id: &str) -> TxRequest {
         max_priority_fee_per_gas: None,
         metadata: Default::default(),
         depends_on_request_id: None,
+        depends_on_signer: None,
     }
 }
 

@@ -66,6 +66,10 @@ pub struct ValidRequest {
     pub max_priority_fee_per_gas: Option<u128>,
     /// The request that must be CONFIRMED first (a chained task), never the request itself.
     pub depends_on_request_id: Option<String>,
+    /// The signer of that request (the request's own when the message names none): the parent
+    /// is `(chain_id, depends_on_signer, depends_on_request_id)`. `Some` exactly when
+    /// `depends_on_request_id` is.
+    pub depends_on_signer: Option<Signer>,
 }
 
 fn decimal_u256(field: &str, v: &str) -> Result<U256, Rejection> {
@@ -106,13 +110,11 @@ pub fn validate(r: &TxRequest, expected_chain: ChainId) -> Result<ValidRequest, 
                 "depends_on_request_id must have 1 to 64 characters",
             ));
         }
-        // It would wait for itself forever.
-        if *parent == r.request_id {
-            return Err(Rejection::new(
-                "SELF_DEPENDENCY",
-                format!("request {:?} depends on itself", r.request_id),
-            ));
-        }
+    } else if r.depends_on_signer.is_some() {
+        return Err(Rejection::new(
+            "INVALID_DEPENDS_ON_SIGNER",
+            "depends_on_signer names the signer of depends_on_request_id, which is absent",
+        ));
     }
     if r.chain_id != expected_chain.0 {
         return Err(Rejection::new(
@@ -125,6 +127,23 @@ pub fn validate(r: &TxRequest, expected_chain: ChainId) -> Result<ValidRequest, 
     }
     let signer =
         Signer::parse(&r.signer).map_err(|e| Rejection::new("INVALID_SIGNER", e.to_string()))?;
+    let depends_on_signer = match (&r.depends_on_request_id, &r.depends_on_signer) {
+        (None, _) => None,
+        (Some(_), None) => Some(signer.clone()),
+        (Some(_), Some(s)) => Some(
+            Signer::parse(s)
+                .map_err(|e| Rejection::new("INVALID_DEPENDS_ON_SIGNER", e.to_string()))?,
+        ),
+    };
+    // It would wait for itself forever.
+    if r.depends_on_request_id.as_deref() == Some(r.request_id.as_str())
+        && depends_on_signer.as_ref() == Some(&signer)
+    {
+        return Err(Rejection::new(
+            "SELF_DEPENDENCY",
+            format!("request {:?} depends on itself", r.request_id),
+        ));
+    }
     let to = Signer::parse(&r.to).map_err(|e| Rejection::new("INVALID_TO", e.to_string()))?;
     let to: Address = to
         .as_str()
@@ -185,6 +204,7 @@ pub fn validate(r: &TxRequest, expected_chain: ChainId) -> Result<ValidRequest, 
         max_fee_per_gas,
         max_priority_fee_per_gas,
         depends_on_request_id: r.depends_on_request_id.clone(),
+        depends_on_signer,
     })
 }
 
@@ -799,6 +819,7 @@ mod tests {
             max_priority_fee_per_gas: None,
             metadata: Default::default(),
             depends_on_request_id: None,
+            depends_on_signer: None,
         }
     }
 
@@ -1448,6 +1469,25 @@ mod tests {
                 |r| r.depends_on_request_id = Some("p".repeat(65)),
                 "INVALID_DEPENDS_ON_REQUEST_ID",
             ),
+            (
+                // Its own signer named: still itself.
+                |r| {
+                    r.depends_on_request_id = Some(r.request_id.clone());
+                    r.depends_on_signer = Some(r.signer.to_uppercase().replace("0X", "0x"));
+                },
+                "SELF_DEPENDENCY",
+            ),
+            (
+                |r| {
+                    r.depends_on_request_id = Some("p".into());
+                    r.depends_on_signer = Some("0x1234".into());
+                },
+                "INVALID_DEPENDS_ON_SIGNER",
+            ),
+            (
+                |r| r.depends_on_signer = Some(r.signer.clone()),
+                "INVALID_DEPENDS_ON_SIGNER",
+            ),
         ];
         for (mutate, want) in cases {
             let mut r = ok();
@@ -1625,10 +1665,25 @@ mod tests {
         let v = validate(&r, ChainId(31337)).expect("valid");
         assert_eq!(v.depends_on_request_id.as_deref(), Some("hop-0"));
         assert_eq!(
-            validate(&ok(), ChainId(31337))
-                .expect("valid")
-                .depends_on_request_id,
-            None
+            v.depends_on_signer,
+            Some(v.signer.clone()),
+            "its own signer's request when it names no signer"
+        );
+        let none = validate(&ok(), ChainId(31337)).expect("valid");
+        assert_eq!(
+            (none.depends_on_request_id, none.depends_on_signer),
+            (None, None)
+        );
+        // Another signer's request, named with the signer; the same id as its own is another
+        // request then.
+        let mut r = ok();
+        r.depends_on_request_id = Some(r.request_id.clone());
+        r.depends_on_signer = Some("0x70997970C51812dc3A010C7d01b50e0d17dc79C8".into());
+        let v = validate(&r, ChainId(31337)).expect("valid");
+        assert_eq!(
+            v.depends_on_signer.as_ref().map(Signer::as_str),
+            Some("0x70997970c51812dc3a010c7d01b50e0d17dc79c8"),
+            "normalised to lowercase"
         );
     }
 }

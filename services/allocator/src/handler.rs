@@ -232,7 +232,8 @@ impl Handler for RequestStage {
                 tx_id,
                 accepted,
                 decide::payload_of(&v),
-                v.depends_on_request_id,
+                v.depends_on_request_id
+                    .zip(v.depends_on_signer.map(|s| s.as_str().to_string())),
             ));
         }
         let created = store::accept(w, &rows).await?;
@@ -243,7 +244,7 @@ impl Handler for RequestStage {
         );
         // What the new ones depend on, in the same transaction: a chained request is never
         // visible to a drive without its parent's name.
-        let dependencies: Vec<(Uuid, String)> = announced
+        let dependencies: Vec<(Uuid, (String, String))> = announced
             .iter()
             .filter(|(_, tx_id, ..)| created.contains(tx_id))
             .filter_map(|(_, tx_id, _, _, parent)| parent.clone().map(|p| (*tx_id, p)))
@@ -271,7 +272,7 @@ impl Handler for RequestStage {
                             // The same request again: re-announce the original.
                             Ok(recorded)
                                 if decide::same_request(&recorded, &asked)
-                                    && r.depends_on_request_id == asked_parent =>
+                                    && r.parent() == asked_parent =>
                             {
                                 serde_json::from_value(r.accepted.clone())
                                     .map_err(|e| HandlerError::fail("CORRUPT_EVENT", e.to_string()))

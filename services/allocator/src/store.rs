@@ -29,6 +29,25 @@ pub struct Recorded {
     pub accepted: serde_json::Value,
     /// What it depends on (`managed_tx.depends_on_request_id`).
     pub depends_on_request_id: Option<String>,
+    /// The signer of what it depends on (`managed_tx.depends_on_signer`; `NULL` on a row
+    /// recorded before the column: its own signer).
+    pub depends_on_signer: Option<String>,
+    /// Its own signer.
+    pub signer: String,
+}
+
+impl Recorded {
+    /// Its parent: `(request_id, signer)`.
+    pub fn parent(&self) -> Option<(String, String)> {
+        self.depends_on_request_id.clone().map(|r| {
+            (
+                r,
+                self.depends_on_signer
+                    .clone()
+                    .unwrap_or_else(|| self.signer.clone()),
+            )
+        })
+    }
 }
 
 /// The recorded transactions of these requests of the writer's signer.
@@ -40,7 +59,8 @@ pub async fn recorded_requests(
     w.read(
         "recorded requests",
         sqlx::query_as(
-            "SELECT m.request_id, m.tx_id, m.payload, e.payload AS accepted, m.depends_on_request_id
+            "SELECT m.request_id, m.tx_id, m.payload, e.payload AS accepted, m.depends_on_request_id,
+                    m.depends_on_signer, m.signer
              FROM managed_tx m JOIN tx_events e ON e.tx_id = m.tx_id AND e.type = $4
              WHERE m.chain_id = $1 AND m.signer = $2 AND m.request_id = ANY($3)",
         )
@@ -52,26 +72,31 @@ pub async fn recorded_requests(
     .await
 }
 
-/// Records what new requests depend on (`(tx_id, depends_on_request_id)`), in the transaction
-/// that created them (RECEIVED): one fenced statement. Every row must be there; none is `Fenced`.
+/// Records what new requests depend on (`(tx_id, (depends_on_request_id, depends_on_signer))`),
+/// in the transaction that created them (RECEIVED): one fenced statement. Every row must be
+/// there; none is `Fenced`.
 pub async fn record_dependencies(
     w: &mut Fenced<'_>,
-    rows: &[(Uuid, String)],
+    rows: &[(Uuid, (String, String))],
 ) -> Result<(), FenceError> {
     if rows.is_empty() {
         return Ok(());
     }
     let ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
-    let parents: Vec<&str> = rows.iter().map(|(_, p)| p.as_str()).collect();
+    let parents: Vec<&str> = rows.iter().map(|(_, (p, _))| p.as_str()).collect();
+    let signers: Vec<&str> = rows.iter().map(|(_, (_, s))| s.as_str()).collect();
     let sql = format!(
-        "UPDATE managed_tx m SET depends_on_request_id = u.parent
-         FROM unnest($6::uuid[], $7::text[]) AS u(tx_id, parent)
-         WHERE m.tx_id = u.tx_id AND {SIGNER_ROW} AND m.state = $8
+        "UPDATE managed_tx m SET depends_on_request_id = u.parent, depends_on_signer = u.signer
+         FROM unnest($6::uuid[], $7::text[], $8::text[]) AS u(tx_id, parent, signer)
+         WHERE m.tx_id = u.tx_id AND {SIGNER_ROW} AND m.state = $9
            AND {FENCE_PREDICATE}"
     );
     let touched = w
         .execute("record dependencies", &sql, |q| {
-            q.bind(ids).bind(parents).bind(TxState::Received.as_str())
+            q.bind(ids)
+                .bind(parents)
+                .bind(signers)
+                .bind(TxState::Received.as_str())
         })
         .await?;
     if touched != rows.len() as u64 {
@@ -84,9 +109,9 @@ pub async fn record_dependencies(
     Ok(())
 }
 
-/// A chained request of the signer and one recorded request with the `request_id` it depends
-/// on (its parent, on any chain and signer), as [`parents`] reads them; the parent's columns are
-/// `None` when none is recorded yet.
+/// A chained request of the signer and the request it depends on (its parent: the one recorded
+/// as `(chain_id, depends_on_signer, depends_on_request_id)`), as [`parents`] reads them; the
+/// parent's columns are `None` when none is recorded yet.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ParentRow {
     pub child: Uuid,
@@ -105,8 +130,9 @@ pub struct ParentRow {
 }
 
 /// The signer's chained requests still waiting (RECEIVED, naming a parent) and their parents,
-/// in one statement: each joined to every request recorded with the `request_id` it names (any
-/// chain, any signer). A plain read, outside any transaction; what it decides is written under
+/// in one statement: each joined to the one request recorded as its chain, the signer it names
+/// (`depends_on_signer`; its own on a row recorded before that column) and the `request_id` it
+/// names — never to another signer's request that has the same id. A plain read, outside any transaction; what it decides is written under
 /// the fence. The predicate is the partial index `managed_tx_waiting_child_idx`'s, written out
 /// (the state name from [`TxState::as_str`]) so that the planner uses it whatever the plan.
 pub async fn parents(pool: &PgPool, key: &LeaseKey) -> Result<Vec<ParentRow>, sqlx::Error> {
@@ -116,7 +142,9 @@ pub async fn parents(pool: &PgPool, key: &LeaseKey) -> Result<Vec<ParentRow>, sq
                 p.confirmed_at IS NOT NULL AS settled, p.reorged_at IS NOT NULL AS reorged,
                 p.failure_code, p.failure_reason
          FROM managed_tx c
-         LEFT JOIN managed_tx p ON p.request_id = c.depends_on_request_id
+         LEFT JOIN managed_tx p ON p.chain_id = c.chain_id
+              AND p.signer = COALESCE(c.depends_on_signer, c.signer)
+              AND p.request_id = c.depends_on_request_id
          WHERE c.chain_id = $1 AND c.signer = $2
            AND c.depends_on_request_id IS NOT NULL AND c.state = '{}'
          ORDER BY c.tx_id, p.created_at, p.tx_id",

@@ -15,6 +15,9 @@ pub struct BroadcasterConfig {
     /// How long a submitted, unmined transaction waits before it is sent again
     /// (`TXFLOW_RESUBMIT_INTERVAL_MS`).
     pub resubmit_interval: Duration,
+    /// `confirmations.required`: a nonce used outside txflow makes a transaction REPLACED only
+    /// once the block that used it has this many confirmations.
+    pub confirmations_required: u32,
 }
 
 impl BroadcasterConfig {
@@ -23,6 +26,7 @@ impl BroadcasterConfig {
             chain_id: ChainId(config.chain_id),
             topics: config.topics.clone(),
             resubmit_interval: Duration::from_millis(config.resubmit_interval_ms),
+            confirmations_required: config.confirmations_required,
         }
     }
 }

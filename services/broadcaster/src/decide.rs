@@ -124,7 +124,9 @@ impl IntoSent for NonceTooLow {
                     "nonce {nonce} was used by a transaction txflow did not send (in block {block}, which holds none of its hashes; chain nonce {chain_nonce}; {reason})"
                 ),
             },
-            NonceTooLow::Undecided => Sent::Undecided,
+            // Used outside txflow in a block that a reorg may still remove: the nonce stays
+            // ours (not re-allocated) until that block is final.
+            NonceTooLow::Undecided | NonceTooLow::NotFinal { .. } => Sent::Undecided,
         }
     }
 }

@@ -241,6 +241,7 @@ impl BroadcastStage {
                 .iter()
                 .filter_map(|h| h.parse::<B256>().ok())
                 .collect(),
+            required: self.config.confirmations_required,
             ..NonceFacts::default()
         };
         if facts.ours.len() != hashes.len() {

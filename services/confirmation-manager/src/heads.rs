@@ -284,6 +284,9 @@ mod tests {
         fn block_transaction_hashes(&self, _: u64) -> ChainFuture<'_, Option<Vec<B256>>> {
             unused()
         }
+        fn balance(&self, _: Address) -> ChainFuture<'_, U256> {
+            unused()
+        }
     }
 
     fn hash(h: &Headers, n: u64) -> String {

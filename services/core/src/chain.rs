@@ -35,6 +35,15 @@ pub enum ChainError {
         message: String,
         data: Option<String>,
     },
+    /// The node answered a simulation with an error that no row of [`SIM_ERRORS`] knows (an
+    /// internal error, a server error of unknown wording): it says nothing about the call, so
+    /// it is retried like a node that did not answer, never taken for a refusal.
+    #[error("{method}: node error {code} of unknown meaning: {message}")]
+    Unknown {
+        method: &'static str,
+        code: i64,
+        message: String,
+    },
     #[error("{0}")]
     InvalidUrl(String),
     /// The node answered something no chain says (a fee past [`MAX_FEE_PER_GAS`], a value that
@@ -46,7 +55,9 @@ pub enum ChainError {
 impl Classify for ChainError {
     fn retry(&self) -> Retry {
         match self {
-            ChainError::Unavailable { .. } | ChainError::Implausible { .. } => Retry::Transient,
+            ChainError::Unavailable { .. }
+            | ChainError::Implausible { .. }
+            | ChainError::Unknown { .. } => Retry::Transient,
             ChainError::Rpc { code, .. } if rate_limited(*code) => Retry::Transient,
             ChainError::Rpc { .. } | ChainError::InvalidUrl(_) => Retry::Permanent,
         }
@@ -397,6 +408,78 @@ pub const SEND_ERRORS: [(&str, SendClass, &str); 45] = [
     ),
 ];
 
+/// What a JSON-RPC error of `eth_estimateGas` says about the simulated call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimErrorClass {
+    /// The call reverts: the request fails at simulation (`SIMULATION_REVERTED`).
+    Reverts,
+    /// The signer cannot pay for it now: held, never failed.
+    InsufficientFunds,
+    /// Anything else says nothing about the call: retried like a node that did not answer.
+    Unknown,
+}
+
+/// Codes of `eth_estimateGas` errors that decide alone, whatever the message: (code, class,
+/// source).
+pub const SIM_ERROR_CODES: &[(i64, SimErrorClass, &str)] = &[
+    (
+        3,
+        SimErrorClass::Reverts,
+        "EIP-1474 execution error (geth, anvil, erigon: a revert with its data)",
+    ),
+    (
+        -32603,
+        SimErrorClass::Unknown,
+        "JSON-RPC internal error: about the node, not the call",
+    ),
+    (
+        -32005,
+        SimErrorClass::Unknown,
+        "EIP-1474 limit exceeded (rate limit)",
+    ),
+    (429, SimErrorClass::Unknown, "HTTP-style too many requests"),
+];
+
+/// Wordings of `eth_estimateGas` errors for the codes that do not decide alone (-32000 and the
+/// others): the first row whose lowercase substring the message contains decides; a message no
+/// row knows is [`SimErrorClass::Unknown`]. (substring, class, source).
+pub const SIM_ERRORS: &[(&str, SimErrorClass, &str)] = &[
+    (
+        "execution reverted",
+        SimErrorClass::Reverts,
+        "geth -32000 (a revert without data), anvil, besu, erigon",
+    ),
+    (
+        "vm exception while processing transaction: revert",
+        SimErrorClass::Reverts,
+        "ganache, hardhat",
+    ),
+    (
+        "transaction reverted",
+        SimErrorClass::Reverts,
+        "hardhat (without a reason string)",
+    ),
+    (
+        "insufficient funds",
+        SimErrorClass::InsufficientFunds,
+        "geth -32000, anvil -32003 (for gas * price + value)",
+    ),
+];
+
+/// Classifies a JSON-RPC error of `eth_estimateGas`: by code first ([`SIM_ERROR_CODES`]), by
+/// message second ([`SIM_ERRORS`], ignoring case); anything else is unknown. Only a classified
+/// revert fails a request at simulation.
+pub fn classify_simulation_error(code: i64, message: &str) -> SimErrorClass {
+    if let Some((_, class, _)) = SIM_ERROR_CODES.iter().find(|(c, _, _)| *c == code) {
+        return *class;
+    }
+    let m = message.to_lowercase();
+    SIM_ERRORS
+        .iter()
+        .find(|(s, _, _)| m.contains(s))
+        .map_or(SimErrorClass::Unknown, |(_, class, _)| *class)
+}
+
 /// Classifies a JSON-RPC error of `eth_sendRawTransaction`: a rate-limit or internal-error code
 /// is "try again"; otherwise the first row of [`SEND_ERRORS`] the message contains (ignoring
 /// case) decides; a message no row knows is [`SendOutcome::Unknown`], never a refusal.
@@ -483,6 +566,8 @@ pub trait ChainClient: Send + Sync + std::fmt::Debug {
     /// The hashes of the transactions of the canonical block at `number`, in block order;
     /// `None` past the head.
     fn block_transaction_hashes(&self, number: u64) -> ChainFuture<'_, Option<Vec<B256>>>;
+    /// The account's balance at the latest block, in wei.
+    fn balance(&self, address: Address) -> ChainFuture<'_, U256>;
 }
 
 /// Log targets of libraries that record an endpoint's full URL (with any API key in its path or
@@ -773,6 +858,16 @@ impl Chain {
         .map_err(|e| classify("eth_getTransactionCount", e))
     }
 
+    /// The account's balance at the latest block, in wei.
+    pub async fn balance(&self, address: Address) -> Result<U256, ChainError> {
+        self.call(
+            "eth_getBalance",
+            |p| async move { p.get_balance(address).await },
+        )
+        .await
+        .map_err(|e| classify("eth_getBalance", e))
+    }
+
     /// Whether the node knows a transaction by this hash (pooled or mined).
     pub async fn knows_transaction(&self, hash: B256) -> Result<bool, ChainError> {
         self.call("eth_getTransactionByHash", |p| async move {
@@ -804,20 +899,19 @@ impl Chain {
             .await;
         match result {
             Ok(gas) => Ok(Simulation::Ok { gas }),
-            Err(RpcError::ErrorResp(p)) if p.code == 3 || p.message.contains("revert") => {
-                Ok(Simulation::Reverts {
+            Err(RpcError::ErrorResp(p)) => match classify_simulation_error(p.code, &p.message) {
+                SimErrorClass::Reverts => Ok(Simulation::Reverts {
                     reason: p.message.to_string(),
-                })
-            }
-            Err(RpcError::ErrorResp(p))
-                if p.message
-                    .to_ascii_lowercase()
-                    .contains("insufficient funds") =>
-            {
-                Ok(Simulation::InsufficientFunds {
+                }),
+                SimErrorClass::InsufficientFunds => Ok(Simulation::InsufficientFunds {
                     reason: p.message.to_string(),
-                })
-            }
+                }),
+                SimErrorClass::Unknown => Err(ChainError::Unknown {
+                    method: "eth_estimateGas",
+                    code: p.code,
+                    message: p.message.to_string(),
+                }),
+            },
             Err(e) => Err(classify("eth_estimateGas", e)),
         }
     }
@@ -1029,6 +1123,9 @@ impl ChainClient for Chain {
     fn block_transaction_hashes(&self, number: u64) -> ChainFuture<'_, Option<Vec<B256>>> {
         Box::pin(Chain::block_transaction_hashes(self, number))
     }
+    fn balance(&self, address: Address) -> ChainFuture<'_, U256> {
+        Box::pin(Chain::balance(self, address))
+    }
 }
 
 impl RpcSettings {
@@ -1078,6 +1175,7 @@ pub async fn passed_in(
                 return Ok(transactions.map(|transactions| PassedIn {
                     block,
                     transactions,
+                    head,
                 }));
             }
             Search::Failed(why) => {
@@ -1447,6 +1545,76 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    #[test]
+    fn simulation_errors_are_classified_by_code_first_then_by_message() {
+        use SimErrorClass::*;
+        for (code, message, want) in [
+            (3, "execution reverted", Reverts),
+            (3, "execution reverted: not the owner", Reverts),
+            // The code decides alone, whatever the message says.
+            (3, "something else", Reverts),
+            (-32603, "internal error", Unknown),
+            (-32603, "execution reverted", Unknown),
+            (
+                -32603,
+                "insufficient funds for gas * price + value",
+                Unknown,
+            ),
+            (-32005, "limit exceeded", Unknown),
+            (429, "too many requests", Unknown),
+            // Then the message, for the codes that do not decide alone.
+            (-32000, "execution reverted", Reverts),
+            (-32000, "Execution Reverted: paused", Reverts),
+            (
+                -32000,
+                "VM Exception while processing transaction: revert nope",
+                Reverts,
+            ),
+            (
+                -32000,
+                "Transaction reverted without a reason string",
+                Reverts,
+            ),
+            (
+                -32000,
+                "insufficient funds for gas * price + value",
+                InsufficientFunds,
+            ),
+            (
+                -32003,
+                "Insufficient funds for gas * price + value",
+                InsufficientFunds,
+            ),
+            // Unknown: retried, never a failure.
+            (-32000, "something went wrong", Unknown),
+            (-32000, "header not found", Unknown),
+            (-32000, "gas required exceeds allowance (0)", Unknown),
+            (-32000, "", Unknown),
+            (-32015, "VM execution error.", Unknown),
+            (-32601, "the method eth_estimateGas does not exist", Unknown),
+        ] {
+            assert_eq!(
+                classify_simulation_error(code, message),
+                want,
+                "{code} {message:?}"
+            );
+        }
+        for (substring, _, source) in SIM_ERRORS {
+            assert_eq!(*substring, substring.to_lowercase(), "lowercase rows");
+            assert!(!source.is_empty());
+        }
+        for (_, _, source) in SIM_ERROR_CODES {
+            assert!(!source.is_empty());
+        }
+        // An unknown error is retried, not a permanent failure.
+        let unknown = ChainError::Unknown {
+            method: "eth_estimateGas",
+            code: -32603,
+            message: "internal error".into(),
+        };
+        assert_eq!(unknown.retry(), Retry::Transient);
     }
 
     #[test]

@@ -341,6 +341,7 @@ mod tests {
                 .into_iter()
                 .collect(),
             depends_on_request_id: None,
+            depends_on_signer: None,
         }
     }
 

@@ -115,6 +115,11 @@ pub struct TxRequest {
     /// a `null` default, so messages of writers that predate it read as `None`.
     #[serde(default)]
     pub depends_on_request_id: Option<String>,
+    /// The signer of the request `depends_on_request_id` names, when it is another signer's;
+    /// `None`: the request's own signer. The parent is `(chain_id, signer, request_id)`, never a
+    /// `request_id` alone. Added with a `null` default.
+    #[serde(default)]
+    pub depends_on_signer: Option<String>,
 }
 event!(TxRequest, "tx_request.avsc");
 

@@ -17,8 +17,17 @@ pub enum NonceTooLow {
     /// signer's nonce passed ours): ours, possibly sent.
     PossiblySent,
     /// Proven used outside txflow: block `block` is where the signer's nonce passed ours, and
-    /// none of our hashes is in it. `chain_nonce` is the signer's latest nonce.
+    /// none of our hashes is in it, and that block has the required confirmations (it is final:
+    /// our transaction can no longer be mined). `chain_nonce` is the signer's latest nonce.
     Replaced { chain_nonce: u64, block: u64 },
+    /// Used outside txflow as far as the chain shows now, but in block `block`, which has only
+    /// `confirmations` of the `required`: a reorg may still remove it, and then our transaction
+    /// can be mined. The transaction keeps its nonce (not re-allocated) until the block is final.
+    NotFinal {
+        block: u64,
+        confirmations: u64,
+        required: u32,
+    },
     /// Neither can be told yet: no hash recorded, the chain's nonce not past ours, a lookup that
     /// failed, or an answer that does not add up. The transaction stays as it is.
     Undecided,
@@ -31,6 +40,8 @@ pub struct PassedIn {
     pub block: u64,
     /// That block's transaction hashes.
     pub transactions: Vec<B256>,
+    /// The head the search started from: `head - block + 1` confirmations of `block`.
+    pub head: u64,
 }
 
 /// What the chain said about one nonce ("nonce too low", or passed with no receipt), gathered
@@ -46,6 +57,9 @@ pub struct NonceFacts {
     pub latest: Option<u64>,
     /// Where the signer's nonce passed ours ([`PassSearch`]), and that block's transactions.
     pub passed_in: Option<PassedIn>,
+    /// The confirmations (its own block counted) that make the block where the nonce passed
+    /// final: [`NonceTooLow::Replaced`] only then. 0 and 1 both mean at once.
+    pub required: u32,
 }
 
 /// Whether the chain's blocks must be searched for the one where the signer's nonce passed
@@ -77,6 +91,14 @@ pub fn nonce_too_low(nonce: i64, facts: &NonceFacts) -> NonceTooLow {
     // an empty block after the genesis is an answer that does not add up.
     if passed.block > 0 && passed.transactions.is_empty() {
         return NonceTooLow::Undecided;
+    }
+    let confirmations = (passed.head + 1).saturating_sub(passed.block);
+    if confirmations < u64::from(facts.required) {
+        return NonceTooLow::NotFinal {
+            block: passed.block,
+            confirmations,
+            required: facts.required,
+        };
     }
     NonceTooLow::Replaced {
         chain_nonce: latest,
@@ -201,8 +223,89 @@ mod tests {
             passed_in: passed_in.map(|(block, txs)| PassedIn {
                 block,
                 transactions: txs.iter().map(|n| h(*n)).collect(),
+                head: block,
             }),
+            required: 1,
         }
+    }
+
+    #[test]
+    fn replaced_only_once_the_block_that_used_the_nonce_is_final() {
+        use NonceTooLow::*;
+        let at = |head: u64, required: u32| NonceFacts {
+            passed_in: Some(PassedIn {
+                block: 7,
+                transactions: vec![h(5)],
+                head,
+            }),
+            required,
+            ..facts(&[1], false, Some(4), None)
+        };
+        // (head, required) → decision
+        for (head, required, want) in [
+            (
+                7,
+                3,
+                NotFinal {
+                    block: 7,
+                    confirmations: 1,
+                    required: 3,
+                },
+            ),
+            (
+                8,
+                3,
+                NotFinal {
+                    block: 7,
+                    confirmations: 2,
+                    required: 3,
+                },
+            ),
+            (
+                9,
+                3,
+                Replaced {
+                    chain_nonce: 4,
+                    block: 7,
+                },
+            ),
+            (
+                20,
+                3,
+                Replaced {
+                    chain_nonce: 4,
+                    block: 7,
+                },
+            ),
+            (
+                7,
+                1,
+                Replaced {
+                    chain_nonce: 4,
+                    block: 7,
+                },
+            ),
+            (
+                7,
+                0,
+                Replaced {
+                    chain_nonce: 4,
+                    block: 7,
+                },
+            ),
+        ] {
+            assert_eq!(
+                nonce_too_low(3, &at(head, required)),
+                want,
+                "head {head}, {required}"
+            );
+        }
+        // Ours in that block: ours, final or not.
+        let mut ours = at(7, 3);
+        if let Some(p) = ours.passed_in.as_mut() {
+            p.transactions.push(h(1));
+        }
+        assert_eq!(nonce_too_low(3, &ours), PossiblySent);
     }
 
     #[test]

@@ -314,6 +314,7 @@ pub struct TxRow {
     pub approved_at: Option<DateTime<Utc>>,
     pub hold_reason: Option<String>,
     pub depends_on_request_id: Option<String>,
+    pub depends_on_signer: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub confirmed_at: Option<DateTime<Utc>>,
@@ -326,7 +327,7 @@ const TX_COLUMNS: &str = "m.tx_id, m.request_id, m.chain_id, m.signer, m.kind, m
          ORDER BY a.attempt DESC LIMIT 1)) AS tx_hash, \
      (SELECT count(*) FROM tx_attempts a WHERE a.tx_id = m.tx_id) AS attempts, \
      m.required_confirmations, m.mined_block_number, m.mined_block_hash, m.approved_by, \
-     m.approved_at, m.hold_reason, m.depends_on_request_id, m.created_at, m.updated_at, \
+     m.approved_at, m.hold_reason, m.depends_on_request_id, m.depends_on_signer, m.created_at, m.updated_at, \
      m.confirmed_at";
 
 /// The transaction `tx_id`.

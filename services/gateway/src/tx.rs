@@ -78,9 +78,13 @@ pub struct TxBody {
     /// Free-form strings carried along (at most 32 entries).
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
-    /// A chained request: the `request_id` (same chain and signer) that must be CONFIRMED first.
+    /// A chained request: the `request_id` that must be CONFIRMED first, of this chain and of
+    /// the signer `depends_on_signer` names (this request's own when absent).
     #[serde(default)]
     pub depends_on_request_id: Option<String>,
+    /// The signer of the request `depends_on_request_id` names, when it is another signer's.
+    #[serde(default)]
+    pub depends_on_signer: Option<String>,
 }
 
 /// A published tx request.
@@ -127,6 +131,8 @@ pub struct TxView {
     /// Why the request waits (a dependency, a hold) when it does.
     pub hold_reason: Option<String>,
     pub depends_on_request_id: Option<String>,
+    /// The signer of the request it depends on.
+    pub depends_on_signer: Option<String>,
     pub created_at: String,
     pub updated_at: String,
     pub confirmed_at: Option<String>,
@@ -138,6 +144,11 @@ fn time(t: DateTime<Utc>) -> String {
 
 impl From<TxRow> for TxView {
     fn from(r: TxRow) -> TxView {
+        let depends_on_signer = r.depends_on_request_id.as_ref().map(|_| {
+            r.depends_on_signer
+                .clone()
+                .unwrap_or_else(|| r.signer.clone())
+        });
         TxView {
             tx_id: r.tx_id.to_string(),
             request_id: r.request_id,
@@ -159,6 +170,7 @@ impl From<TxRow> for TxView {
             approved_by: r.approved_by,
             approved_at: r.approved_at.map(time),
             hold_reason: r.hold_reason,
+            depends_on_signer,
             depends_on_request_id: r.depends_on_request_id,
             created_at: time(r.created_at),
             updated_at: time(r.updated_at),
@@ -246,9 +258,10 @@ pub fn validate_tx(b: &TxBody, chain_id: i64, event_id: String) -> Result<TxRequ
     check_request_id("request_id", &b.request_id)?;
     if let Some(parent) = &b.depends_on_request_id {
         check_request_id("depends_on_request_id", parent)?;
-        if *parent == b.request_id {
-            return Err(invalid("depends_on_request_id is the request itself"));
-        }
+    } else if b.depends_on_signer.is_some() {
+        return Err(invalid(
+            "depends_on_signer names the signer of depends_on_request_id, which is absent",
+        ));
     }
     if b.chain_id != chain_id {
         return Err(invalid(format!(
@@ -257,6 +270,16 @@ pub fn validate_tx(b: &TxBody, chain_id: i64, event_id: String) -> Result<TxRequ
         )));
     }
     let signer = Signer::parse(&b.signer).map_err(|e| invalid(format!("signer: {e}")))?;
+    let depends_on_signer = b
+        .depends_on_signer
+        .as_deref()
+        .map(|s| Signer::parse(s).map_err(|e| invalid(format!("depends_on_signer: {e}"))))
+        .transpose()?;
+    if b.depends_on_request_id.as_deref() == Some(b.request_id.as_str())
+        && depends_on_signer.as_ref().is_none_or(|s| *s == signer)
+    {
+        return Err(invalid("depends_on_request_id is the request itself"));
+    }
     let to = Signer::parse(&b.to).map_err(|e| invalid(format!("to: {e}")))?;
     check_wei("value", &b.value)?;
     let data = match b.data.as_deref() {
@@ -322,6 +345,7 @@ pub fn validate_tx(b: &TxBody, chain_id: i64, event_id: String) -> Result<TxRequ
         max_priority_fee_per_gas: b.max_priority_fee_per_gas.clone(),
         metadata: b.metadata.clone(),
         depends_on_request_id: b.depends_on_request_id.clone(),
+        depends_on_signer: depends_on_signer.map(|s| s.as_str().to_string()),
     })
 }
 
@@ -641,6 +665,21 @@ mod tests {
                 "self dependency",
                 json!({"depends_on_request_id": "r-1"}),
                 "depends_on_request_id",
+            ),
+            (
+                "self dependency, its own signer named",
+                json!({"depends_on_request_id": "r-1", "depends_on_signer": SIGNER}),
+                "depends_on_request_id",
+            ),
+            (
+                "a parent's signer without a parent",
+                json!({"depends_on_signer": SIGNER}),
+                "depends_on_signer",
+            ),
+            (
+                "a bad parent's signer",
+                json!({"depends_on_request_id": "r-0", "depends_on_signer": "0x12"}),
+                "depends_on_signer",
             ),
             (
                 "big metadata",

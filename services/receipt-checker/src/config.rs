@@ -24,6 +24,10 @@ pub struct ReceiptCheckerConfig {
     /// ([`crate::decide::next_check`]). The recovery scan (every 5 s) is what looks again.
     pub poll_min: Duration,
     pub poll_max: Duration,
+    /// `confirmations.required`: a nonce used outside txflow makes a transaction REPLACED only
+    /// once the block that used it has this many confirmations (a reorg before then may bring
+    /// our transaction back).
+    pub confirmations_required: u32,
 }
 
 impl ReceiptCheckerConfig {
@@ -39,6 +43,7 @@ impl ReceiptCheckerConfig {
             stale_receipt_timeout: Duration::from_millis(config.stale_receipt_timeout_ms),
             poll_min: Self::POLL_MIN,
             poll_max: Self::POLL_MAX,
+            confirmations_required: config.confirmations_required,
         }
     }
 }

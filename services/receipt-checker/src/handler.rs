@@ -37,6 +37,10 @@ use crate::store::{self, DueRow, Mined, Row, Schedule};
 /// scan takes the rest.
 const PROOFS_PER_DRIVE: usize = 8;
 
+/// The stable event name logged when a nonce used outside txflow is not final yet: the
+/// transaction stays SUBMITTED at its nonce (REPLACED only once that block is final).
+pub const REPLACEMENT_NOT_FINAL: &str = "replacement_not_final";
+
 /// The receipt checker's handler.
 #[derive(Debug)]
 pub struct ReceiptStage {
@@ -252,6 +256,7 @@ impl ReceiptStage {
             known: false,
             latest: Some(latest),
             passed_in: None,
+            required: self.config.confirmations_required,
         };
         if txflow_core::nonce_proof::needs_search(nonce, &facts)
             && let Ok(n) = u64::try_from(nonce)
@@ -397,6 +402,25 @@ impl ReceiptStage {
             Ok(NonceTooLow::Replaced { chain_nonce, block }) => (chain_nonce, block),
             Ok(NonceTooLow::PossiblySent) => {
                 tracing::warn!(%signer, nonce, tx_id = %row.tx_id, "one of its hashes is in the block where the nonce passed, but no receipt was found: waiting for the receipt");
+                return Ok(None);
+            }
+            Ok(NonceTooLow::NotFinal {
+                block,
+                confirmations,
+                required,
+            }) => {
+                tracing::info!(
+                    target: "txflow::receipts",
+                    event = REPLACEMENT_NOT_FINAL,
+                    %signer,
+                    nonce,
+                    tx_id = %row.tx_id,
+                    block,
+                    confirmations,
+                    required,
+                    "the nonce was used by a transaction txflow did not send, in a block not final yet: \
+                     the transaction keeps its nonce (a reorg may still bring it back) until that block is final"
+                );
                 return Ok(None);
             }
             Ok(NonceTooLow::Undecided) => {

@@ -15,6 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use alloy::primitives::U256;
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -665,6 +666,11 @@ impl SignStage {
 /// The stable event name of a gas bump signed and recorded (WARN).
 pub const GAS_BUMPED: &str = "gas_bumped";
 
+/// The stable event name logged when a stuck transaction is not bumped because its signer cannot
+/// pay the bumped transaction (seed 003: a signer without funds — held, or about to be — is not
+/// bumped; its attempts are sent again as they are, and the bump comes once funds arrive).
+pub const GAS_BUMP_HELD: &str = "gas_bump_skipped_no_funds";
+
 /// The stable event name of the critical alert raised when a stuck transaction cannot be bumped
 /// because `fees.max_fee_per_gas` leaves no room for a replacement: its latest attempt is sent
 /// again as it is.
@@ -776,6 +782,16 @@ impl SignStage {
             return Ok(());
         };
 
+        // What the signer can pay (seed 003: a signer without funds is not bumped). Read once;
+        // unknown, nothing is bumped this time (the next scan asks again).
+        let balance = match node.balance(address).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(signer = %lease_key.signer, error = %chain(&e), "the signer's balance is unknown: no bump this time");
+                return Ok(());
+            }
+        };
+
         // Sign, with no transaction open.
         let mut signed = Vec::new();
         for (row, p, why, caps, capped) in todo {
@@ -795,6 +811,23 @@ impl SignStage {
             };
             tx.max_fee_per_gas = caps.max_fee;
             tx.max_priority_fee_per_gas = caps.tip;
+            let cost = U256::from(tx.gas_limit)
+                .saturating_mul(U256::from(caps.max_fee))
+                .saturating_add(tx.value);
+            if balance < cost {
+                tracing::info!(
+                    target: "txflow::bumps",
+                    event = GAS_BUMP_HELD,
+                    chain_id = lease_key.chain_id.0,
+                    signer = %lease_key.signer,
+                    tx_id = %row.tx_id,
+                    nonce = p.nonce,
+                    balance = %balance,
+                    cost = %cost,
+                    "the signer cannot pay the bumped transaction: not bumped, its latest attempt is sent again as it is"
+                );
+                continue;
+            }
             match key.sign(&tx).await {
                 Ok(s) => signed.push((row, p, why, caps, capped, s)),
                 Err(e) if e.is_transient() => {

@@ -109,6 +109,9 @@ impl ChainClient for InstantChain {
     fn block_transaction_hashes(&self, _number: u64) -> ChainFuture<'_, Option<Vec<B256>>> {
         Box::pin(async { Err(not_served("eth_getBlockByNumber")) })
     }
+    fn balance(&self, _address: Address) -> ChainFuture<'_, U256> {
+        Box::pin(async { Err(not_served("eth_getBalance")) })
+    }
 }
 
 /// A fresh random signer address (lowercase), so that every run starts at nonce 0.
@@ -133,6 +136,7 @@ fn request(run: &str, i: u32, signer: &Signer) -> TxRequest {
         max_priority_fee_per_gas: None,
         metadata: Default::default(),
         depends_on_request_id: None,
+        depends_on_signer: None,
     }
 }
 

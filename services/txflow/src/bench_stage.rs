@@ -84,6 +84,7 @@ fn request(i: u32, signers: u32) -> TxRequest {
         max_priority_fee_per_gas: None,
         metadata: Default::default(),
         depends_on_request_id: None,
+        depends_on_signer: None,
     }
 }
 

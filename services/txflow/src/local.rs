@@ -113,6 +113,7 @@ impl LocalPipeline {
             max_priority_fee_per_gas: None,
             metadata: Default::default(),
             depends_on_request_id: None,
+            depends_on_signer: None,
         }
     }
 
