@@ -325,11 +325,13 @@ mod tests {
         assert_eq!(v.holds(7, &hash(&chain, 7)), Some(true));
         assert_eq!(v.list(4, 100).map(|l| l.len()), Some(9));
 
-        // A shorter chain: what was above the head is gone.
+        // A shorter chain: what was above the head is not known (not "gone": an endpoint that
+        // lags says the same), and what differs below it is.
         chain.reorg(6, 9, 2);
         let v = heads.view(&chain, 4, 4).await.expect("view");
         assert_eq!(v.head(), 9);
-        assert_eq!(v.holds(10, &hash(&chain, 9)), Some(false));
+        assert_eq!(v.holds(10, &hash(&chain, 9)), None);
+        assert_eq!(v.holds(8, &old8), Some(false));
         assert_eq!(v.list(6, 100).map(|l| l.len()), Some(4));
 
         // Past the head: the head alone.
