@@ -512,6 +512,7 @@ impl Pipeline {
             "TxMined" | "TxReverted" => vec![topics.tx_receipts(), topics.tx_outcomes()],
             "TxConfirmationsUpdated" | "TxReorged" => vec![topics.tx_confirmations()],
             "TxConfirmed" => vec![topics.tx_outcomes()],
+            "TxConfirmationReverted" => vec![topics.tx_confirmations(), topics.tx_outcomes()],
             other => panic!("{other} is announced but has no topic here"),
         };
         let mut wanted: BTreeSet<(String, String)> = recorded

@@ -43,7 +43,8 @@ use txflow_core::config::Config;
 use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
 use txflow_core::events::{
-    TxAccepted, TxConfirmationsUpdated, TxConfirmed, TxReceiptUpdated, TxSubmitted,
+    TxAccepted, TxConfirmationReverted, TxConfirmationsUpdated, TxConfirmed, TxReceiptUpdated,
+    TxSubmitted,
 };
 use txflow_core::lease::LeaseConfig;
 use txflow_tests::fault_proxy::{Fault, FaultProxy, Rule};
@@ -327,6 +328,7 @@ struct Events {
 enum Decoded {
     List(TxConfirmationsUpdated),
     Confirmed(TxConfirmed),
+    Reverted(TxConfirmationReverted),
     Accepted(TxAccepted),
     Submitted(TxSubmitted),
     Receipt(TxReceiptUpdated),
@@ -373,6 +375,9 @@ impl Events {
         if m.topic() == self.outcomes {
             if let Ok(c) = self.codec.decode::<TxConfirmed>(bytes).await {
                 return Decoded::Confirmed(c);
+            }
+            if let Ok(r) = self.codec.decode::<TxConfirmationReverted>(bytes).await {
+                return Decoded::Reverted(r);
             }
             if let Ok(a) = self.codec.decode::<TxAccepted>(bytes).await {
                 return Decoded::Accepted(a);
@@ -428,6 +433,72 @@ fn confirmed(seen: &[Seen]) -> Vec<(&Seen, &TxConfirmed)> {
     seen.iter()
         .filter_map(|s| match &s.event {
             Decoded::Confirmed(c) => Some((s, c)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A downstream ledger that reads `tx.outcomes` only and follows, word for word, the booking
+/// rules of the README ("For downstream consumers", "Booking from tx.outcomes"):
+/// 1. skip an event whose `event_id` was seen;
+/// 2. `TxConfirmed` of generation g: skip it if a reversal of g was seen; otherwise, if a lower
+///    generation is still booked, reverse it first; then book g;
+/// 3. `TxConfirmationReverted` of generation g: if g is booked, reverse it; remember g as
+///    reverted either way.
+#[derive(Debug, Default)]
+struct Ledger {
+    seen: BTreeSet<String>,
+    /// Per transaction: the booked generation and what it said (success).
+    booked: BTreeMap<String, (i32, bool)>,
+    reverted: BTreeSet<(String, i32)>,
+    /// What was done, in order: (tx_id, "book" | "reverse", generation).
+    journal: Vec<(String, &'static str, i32)>,
+}
+
+impl Ledger {
+    fn apply(&mut self, s: &Seen) {
+        if !self.seen.insert(s.event_id.clone()) {
+            return;
+        }
+        match &s.event {
+            Decoded::Confirmed(c) => {
+                let g = c.reorg_generation;
+                if self.reverted.contains(&(c.tx_id.clone(), g)) {
+                    return;
+                }
+                if let Some((lower, _)) = self.booked.get(&c.tx_id).copied()
+                    && lower < g
+                {
+                    self.journal.push((c.tx_id.clone(), "reverse", lower));
+                    self.reverted.insert((c.tx_id.clone(), lower));
+                }
+                self.booked.insert(c.tx_id.clone(), (g, c.success));
+                self.journal.push((c.tx_id.clone(), "book", g));
+            }
+            Decoded::Reverted(r) => {
+                let g = r.reorg_generation;
+                if self.booked.get(&r.tx_id).is_some_and(|(b, _)| *b == g) {
+                    self.booked.remove(&r.tx_id);
+                    self.journal.push((r.tx_id.clone(), "reverse", g));
+                }
+                self.reverted.insert((r.tx_id.clone(), g));
+            }
+            _ => {}
+        }
+    }
+
+    /// Applies every event of `tx.outcomes` in `seen`, in the order read.
+    fn read(&mut self, seen: &[Seen]) {
+        for s in seen {
+            self.apply(s);
+        }
+    }
+}
+
+fn reversals(seen: &[Seen]) -> Vec<(&Seen, &TxConfirmationReverted)> {
+    seen.iter()
+        .filter_map(|s| match &s.event {
+            Decoded::Reverted(r) => Some((s, r)),
             _ => None,
         })
         .collect()
@@ -569,6 +640,7 @@ async fn tx_confirmed_comes_after_exactly_the_required_blocks_once_per_transacti
                 Decoded::Submitted(e) => (e.tx_id.as_str(), "TxSubmitted"),
                 Decoded::Receipt(r) => (r.tx_id.as_str(), "TxReceiptUpdated"),
                 Decoded::Confirmed(c) => (c.tx_id.as_str(), "TxConfirmed"),
+                Decoded::Reverted(r) => (r.tx_id.as_str(), "TxConfirmationReverted"),
                 Decoded::List(_) | Decoded::Other => continue,
             };
             stories.entry(tx).or_default().push(kind);
@@ -859,7 +931,79 @@ async fn a_reorg_deeper_than_the_depth_raises_the_alert_announces_a_new_fork_and
     assert_eq!(mined[1].nonce, 1);
     assert_eq!(mined[1].marker(), "txflow:d-0-0");
     assert_eq!(run.p.pool_status().await, ("0x0".into(), "0x0".into()));
+    downstream_books_it_once(&seen, &tx_id, &first, &second, 1);
     run.finish().await;
+}
+
+/// What a downstream consumer of `tx.outcomes` ([`Ledger`]) makes of a transaction confirmed,
+/// reverted by a deep reorg and confirmed again: the reversal of generation 0 on the topic
+/// before the TxConfirmed of generation 1, which names it; booked, reversed, booked again, and
+/// in the end booked once, at generation 1 (nonce `nonce`); reading everything again (a replay)
+/// changes nothing.
+fn downstream_books_it_once(seen: &[Seen], tx_id: &str, first: &str, second: &str, nonce: i64) {
+    let reversal =
+        txflow_confirmation_manager::decide::reversal_event_id(tx_id.parse().expect("a tx id"), 0)
+            .to_string();
+    let found = reversals(seen);
+    let (rs, r) = found
+        .iter()
+        .find(|(s, _)| s.event_id == reversal)
+        .expect("a TxConfirmationReverted of generation 0 on tx.outcomes");
+    assert_eq!(
+        (
+            r.tx_id.as_str(),
+            r.reorg_generation,
+            r.reverted_event_id.as_str()
+        ),
+        (tx_id, 0, first),
+        "it names the TxConfirmed it reverts"
+    );
+    assert!(r.success);
+    let at = |id: &str| seen.iter().position(|s| s.event_id == id).expect("seen");
+    let (_, c1) = confirmed(seen)
+        .into_iter()
+        .find(|(s, _)| s.event_id == second)
+        .expect("the TxConfirmed of generation 1");
+    assert_eq!((c1.reorg_generation, c1.nonce), (1, nonce));
+    let (rs_partition, rs_key) = (rs.partition, rs.key.clone());
+    let c1s = seen.iter().find(|s| s.event_id == second).expect("seen");
+    assert_eq!(
+        (c1s.partition, &c1s.key),
+        (rs_partition, &rs_key),
+        "one key"
+    );
+    assert!(
+        at(first) < at(&reversal) && at(&reversal) < at(second),
+        "TxConfirmed 0, its reversal, then TxConfirmed 1"
+    );
+    let outcomes: Vec<Seen> = seen
+        .iter()
+        .filter(|s| matches!(s.event, Decoded::Confirmed(_) | Decoded::Reverted(_)))
+        .cloned()
+        .collect();
+    let mut ledger = Ledger::default();
+    ledger.read(&outcomes);
+    let of_tx: Vec<(&'static str, i32)> = ledger
+        .journal
+        .iter()
+        .filter(|(t, ..)| t == tx_id)
+        .map(|(_, a, g)| (*a, *g))
+        .collect();
+    assert_eq!(of_tx, [("book", 0), ("reverse", 0), ("book", 1)]);
+    assert_eq!(ledger.booked.get(tx_id), Some(&(1, true)), "booked once");
+    // A replay of the topic (every event again, same event_ids) changes nothing.
+    let journal = ledger.journal.len();
+    ledger.read(&outcomes);
+    assert_eq!(ledger.journal.len(), journal);
+    // Read in another order (a relayed reversal late): the same end.
+    let mut late = Ledger::default();
+    let mut shuffled = outcomes.clone();
+    if let Some(i) = shuffled.iter().position(|s| s.event_id == reversal) {
+        let r = shuffled.remove(i);
+        shuffled.push(r);
+    }
+    late.read(&shuffled);
+    assert_eq!(late.booked.get(tx_id), Some(&(1, true)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1031,6 +1175,8 @@ async fn a_transaction_undone_by_a_deep_reorg_and_mined_again_is_confirmed_again
             .await,
         0
     );
+    let first = txflow_confirmation_manager::decide::confirmed_event_id(tx, 0).to_string();
+    downstream_books_it_once(&seen, &tx_id, &first, &second, 0);
     run.finish().await;
 }
 

@@ -153,6 +153,25 @@ fn tx_confirmed() -> TxConfirmed {
         success: true,
         confirmations: 12,
         fencing_token: 7,
+        reorg_generation: 1,
+    }
+}
+fn tx_confirmation_reverted() -> TxConfirmationReverted {
+    TxConfirmationReverted {
+        event_id: ev(16),
+        tx_id: TX_ID.into(),
+        request_id: "invoice-2026-0001".into(),
+        chain_id: 31337,
+        signer: SIGNER.into(),
+        nonce: 42,
+        tx_hash: HASH.into(),
+        block_number: 1234,
+        block_hash: BLOCK.into(),
+        success: true,
+        reorg_generation: 0,
+        reverted_event_id: ev(8),
+        required_confirmations: 12,
+        fencing_token: 7,
     }
 }
 fn tx_failed() -> TxFailed {
@@ -296,6 +315,7 @@ fn every_schema_round_trips_its_golden_datum() {
     golden(tx_receipt_updated());
     golden(tx_confirmations_updated());
     golden(tx_confirmed());
+    golden(tx_confirmation_reverted());
     golden(tx_failed());
     golden(tx_command());
     golden(tx_replaced());
@@ -353,6 +373,13 @@ async fn every_schema_round_trips_through_the_registry_in_wire_format() {
     let many = Subjects::TopicRecordName;
     wire_round_trip(&codec, &format!("{t}.outcomes"), many, tx_accepted()).await;
     wire_round_trip(&codec, &format!("{t}.outcomes"), many, tx_confirmed()).await;
+    wire_round_trip(
+        &codec,
+        &format!("{t}.outcomes"),
+        many,
+        tx_confirmation_reverted(),
+    )
+    .await;
     wire_round_trip(&codec, &format!("{t}.outcomes"), many, tx_failed()).await;
     wire_round_trip(&codec, &format!("{t}.spot.commands"), one, spot_command()).await;
     wire_round_trip(&codec, &format!("{t}.spot.events"), one, spot_reply()).await;

@@ -328,6 +328,19 @@ pub fn confirmed_event_id(tx_id: Uuid, generation: i32) -> Uuid {
     uuid::Builder::from_custom_bytes(bytes).into_uuid()
 }
 
+/// The `event_id` of the TxConfirmationReverted that reverts a transaction's TxConfirmed of
+/// `generation`: one per transaction and generation, the same on a re-emission (the first 16
+/// bytes of `keccak256("txflow/TxConfirmationReverted/{tx_id}/{generation}")`, a UUID of
+/// version 8).
+pub fn reversal_event_id(tx_id: Uuid, generation: i32) -> Uuid {
+    let digest = keccak256(format!(
+        "txflow/TxConfirmationReverted/{tx_id}/{generation}"
+    ));
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -754,5 +767,8 @@ mod tests {
         assert_ne!(confirmed_event_id(a, 0), confirmed_event_id(a, 1));
         assert_ne!(confirmed_event_id(a, 0), confirmed_event_id(b, 0));
         assert_eq!(confirmed_event_id(a, 0).get_version_num(), 8);
+        assert_eq!(reversal_event_id(a, 0), reversal_event_id(a, 0));
+        assert_ne!(reversal_event_id(a, 0), reversal_event_id(a, 1));
+        assert_ne!(reversal_event_id(a, 0), confirmed_event_id(a, 0));
     }
 }

@@ -22,7 +22,9 @@ use sqlx::PgPool;
 use txflow_core::chain::{ChainClient, Receipt};
 use txflow_core::codec::Subjects;
 use txflow_core::domain::{ChainId, Signer};
-use txflow_core::events::{BlockRef, TxConfirmationsUpdated, TxConfirmed, TxReceiptUpdated};
+use txflow_core::events::{
+    BlockRef, TxConfirmationReverted, TxConfirmationsUpdated, TxConfirmed, TxReceiptUpdated,
+};
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
 use txflow_core::lease::LeaseKey;
@@ -32,8 +34,8 @@ use txflow_core::role::Role;
 use txflow_core::stage::handler::{db, route_signer};
 use txflow_core::stage::{BatchResults, DriveCtx, Handler, HandlerError, Output, Rejection};
 use txflow_core::state::{
-    CONFIRM, COUNT_CONFIRMED, COUNT_MINED, COUNT_REVERTED, Move, RECONFIRM, REORG, SETTLE_REVERTED,
-    TxState, UNDO_CONFIRMED,
+    CONFIRM, COUNT_CONFIRMED, COUNT_MINED, COUNT_REVERTED, Move, RECONFIRM, REORG,
+    REVERSE_CONFIRMED, REVERSE_SETTLED, SETTLE_REVERTED, TxState, UNDO_CONFIRMED,
 };
 use txflow_core::txstore::{self, MinedReceipt, MoveRow, ReceiptWrite};
 use uuid::Uuid;
@@ -416,10 +418,12 @@ impl Writes {
 
 /// The order in which a drive's moves are written: announcements first, then final outcomes,
 /// then the moves that leave the followed states.
-const MOVE_ORDER: [Move; 8] = [
+const MOVE_ORDER: [Move; 10] = [
     COUNT_MINED,
     COUNT_REVERTED,
     COUNT_CONFIRMED,
+    REVERSE_CONFIRMED,
+    REVERSE_SETTLED,
     CONFIRM,
     SETTLE_REVERTED,
     RECONFIRM,
@@ -710,8 +714,49 @@ impl ConfirmStage {
                          its nonce and the broadcaster sends it; whichever of it and the original is mined \
                          settles the outcome"
                     );
-                    announce(&mut w, &gone, None, ReceiptWrite::Clear)?;
-                    w.deep.push((tx_id, t.count_move()));
+                    // What was booked on its TxConfirmed is reverted, on tx.outcomes, with the
+                    // new fork on tx.confirmations: one audit row (the outbox relays both).
+                    let generation = t.row.reorg_generation;
+                    let reversal_id = decide::reversal_event_id(tx_id, generation);
+                    let reversal = TxConfirmationReverted {
+                        event_id: reversal_id.to_string(),
+                        tx_id: tx_id.to_string(),
+                        request_id: t.row.request_id.clone(),
+                        chain_id: key.chain_id.0,
+                        signer: key.signer.as_str().to_string(),
+                        nonce: t.row.nonce,
+                        tx_hash: t.row.tx_hash.clone().unwrap_or_default(),
+                        block_number: i64::try_from(number).unwrap_or(i64::MAX),
+                        block_hash: lost.to_string(),
+                        success: t.phase.success(),
+                        reorg_generation: generation,
+                        reverted_event_id: decide::confirmed_event_id(tx_id, generation)
+                            .to_string(),
+                        required_confirmations: required,
+                        fencing_token: token,
+                    };
+                    let m = if t.state == TxState::Reverted {
+                        REVERSE_SETTLED
+                    } else {
+                        REVERSE_CONFIRMED
+                    };
+                    w.push(
+                        m,
+                        MoveRow {
+                            receipt: ReceiptWrite::Clear,
+                            confirmations: Some((json("confirmations", &gone.list)?, required)),
+                            ..MoveRow::new(
+                                tx_id,
+                                reversal_id,
+                                json("TxConfirmationReverted", &reversal)?,
+                            )
+                        },
+                    );
+                    w.new_forks.push((tx_id, m));
+                    for o in txflow_core::outbox::reversal(topics, skey.clone(), reversal) {
+                        w.outputs.push((tx_id, m, o));
+                    }
+                    w.deep.push((tx_id, m));
                     w.book(tx_id).park = true;
                 }
                 Step::LostAgain => {
@@ -917,6 +962,7 @@ impl ConfirmStage {
             success: t.phase.success(),
             confirmations: i32::try_from(self.config.required).unwrap_or(i32::MAX),
             fencing_token: token,
+            reorg_generation: t.row.reorg_generation,
         };
         w.push(
             m,

@@ -21,8 +21,8 @@ use uuid::Uuid;
 use crate::codec::Subjects;
 use crate::domain::{ChainId, Role, Signer};
 use crate::events::{
-    Event, TxAllocated, TxConfirmationsUpdated, TxConfirmed, TxFailed, TxReceiptUpdated, TxSigned,
-    TxSubmitted,
+    Event, TxAllocated, TxConfirmationReverted, TxConfirmationsUpdated, TxConfirmed, TxFailed,
+    TxReceiptUpdated, TxSigned, TxSubmitted,
 };
 use crate::kafka::{Topics, signer_key};
 use crate::lease::LeaseKey;
@@ -47,7 +47,12 @@ pub fn relayed_by(role: Role) -> &'static [&'static str] {
         Role::SignerGateway => &["TxSigned", "TxFailed"],
         Role::Broadcaster => &["TxSubmitted", "TxFailed"],
         Role::ReceiptChecker => &["TxMined", "TxReverted"],
-        Role::ConfirmationManager => &["TxConfirmationsUpdated", "TxReorged", "TxConfirmed"],
+        Role::ConfirmationManager => &[
+            "TxConfirmationsUpdated",
+            "TxReorged",
+            "TxConfirmed",
+            "TxConfirmationReverted",
+        ],
         _ => &[],
     }
 }
@@ -108,6 +113,20 @@ pub fn receipt(topics: &Topics, key: String, e: TxReceiptUpdated) -> Vec<Output>
             Subjects::TopicName,
             key.clone(),
             e.clone(),
+        ),
+        Output::new(topics.tx_outcomes(), Subjects::TopicRecordName, key, e),
+    ]
+}
+
+/// The outputs of a TxConfirmationReverted: the `new_fork = true` announcement of the empty list
+/// on `tx.confirmations`, then the reversal on `tx.outcomes` (both with its `event_id`).
+pub fn reversal(topics: &Topics, key: String, e: TxConfirmationReverted) -> Vec<Output> {
+    vec![
+        Output::new(
+            topics.tx_confirmations(),
+            Subjects::TopicName,
+            key.clone(),
+            e.new_fork(),
         ),
         Output::new(topics.tx_outcomes(), Subjects::TopicRecordName, key, e),
     ]
@@ -187,6 +206,7 @@ pub fn outputs(
                 e,
             )])
         }
+        "TxConfirmationReverted" => Ok(reversal(topics, k, decode(row)?)),
         other => Err(RelayError::NotAnnounced {
             event_id: row.event_id,
             event_type: other.to_string(),
@@ -485,6 +505,7 @@ mod tests {
             success: true,
             confirmations: 12,
             fencing_token: 3,
+            reorg_generation: 1,
         };
         let row = Unpublished {
             event_id: id,
@@ -495,6 +516,48 @@ mod tests {
         let out = outputs(&topics, &key(), &row).expect("relayed");
         assert_eq!(topics_of(&out), [topics.tx_outcomes()]);
         assert_eq!(out[0].event_id, id.to_string());
+
+        // A reversal: the new fork on tx.confirmations first, then the reversal on tx.outcomes,
+        // both with its event_id.
+        let reversal = TxConfirmationReverted {
+            event_id: id.to_string(),
+            tx_id: confirmed.tx_id.clone(),
+            request_id: "r".into(),
+            chain_id: 31337,
+            signer: confirmed.signer.clone(),
+            nonce: 7,
+            tx_hash: confirmed.tx_hash.clone(),
+            block_number: 9,
+            block_hash: confirmed.block_hash.clone(),
+            success: true,
+            reorg_generation: 1,
+            reverted_event_id: Uuid::now_v7().to_string(),
+            required_confirmations: 12,
+            fencing_token: 3,
+        };
+        let row = Unpublished {
+            event_id: id,
+            tx_id: Uuid::now_v7(),
+            event_type: "TxConfirmationReverted".into(),
+            payload: serde_json::to_value(&reversal).expect("json"),
+        };
+        let out = outputs(&topics, &key(), &row).expect("relayed");
+        assert_eq!(
+            topics_of(&out),
+            [topics.tx_confirmations(), topics.tx_outcomes()]
+        );
+        assert!(out.iter().all(|o| o.event_id == id.to_string()));
+        let fork = reversal.new_fork();
+        assert!(fork.new_fork && fork.confirmations.is_empty(), "{fork:?}");
+        assert_eq!(
+            (
+                fork.event_id,
+                fork.tx_id,
+                fork.nonce,
+                fork.required_confirmations
+            ),
+            (reversal.event_id.clone(), reversal.tx_id.clone(), 7, 12)
+        );
     }
 
     #[test]

@@ -93,6 +93,7 @@ pub const ANNOUNCED: &[&str] = &[
     "TxConfirmationsUpdated",
     "TxReorged",
     "TxConfirmed",
+    "TxConfirmationReverted",
 ];
 
 /// Upstream contract: a request to send one transaction.
@@ -258,8 +259,57 @@ pub struct TxConfirmed {
     pub success: bool,
     pub confirmations: i32,
     pub fencing_token: i64,
+    /// 0 for a transaction's first TxConfirmed, one more after each reorg deeper than the
+    /// required confirmations reverted the one before (a [`TxConfirmationReverted`] of that
+    /// generation comes first). Added with a default of 0 for readers and writers before it.
+    #[serde(default)]
+    pub reorg_generation: i32,
 }
 event!(TxConfirmed, "tx_confirmed.avsc", tx_id);
+
+/// Downstream contract: the TxConfirmed of generation `reorg_generation` (`reverted_event_id`)
+/// is no longer true — a reorg deeper than the required confirmations removed its block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxConfirmationReverted {
+    pub event_id: String,
+    pub tx_id: String,
+    pub request_id: String,
+    pub chain_id: i64,
+    pub signer: String,
+    pub nonce: i64,
+    pub tx_hash: String,
+    pub block_number: i64,
+    pub block_hash: String,
+    pub success: bool,
+    pub reorg_generation: i32,
+    pub reverted_event_id: String,
+    pub required_confirmations: i32,
+    pub fencing_token: i64,
+}
+event!(
+    TxConfirmationReverted,
+    "tx_confirmation_reverted.avsc",
+    tx_id
+);
+
+impl TxConfirmationReverted {
+    /// The `new_fork = true` announcement of the empty list on `tx.confirmations` that goes
+    /// with it (the same `event_id`): what was final is pending again.
+    pub fn new_fork(&self) -> TxConfirmationsUpdated {
+        TxConfirmationsUpdated {
+            event_id: self.event_id.clone(),
+            tx_id: self.tx_id.clone(),
+            chain_id: self.chain_id,
+            signer: self.signer.clone(),
+            nonce: self.nonce,
+            tx_hash: self.tx_hash.clone(),
+            new_fork: true,
+            confirmations: Vec::new(),
+            required_confirmations: self.required_confirmations,
+            fencing_token: self.fencing_token,
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxFailed {

@@ -321,6 +321,13 @@ moves! {
     COUNT_REVERTED: Reverted => Reverted, "TxConfirmationsUpdated";
     /// The same, for a confirmed transaction (a reorg changed its list, deep or not).
     COUNT_CONFIRMED: Confirmed => Confirmed, "TxConfirmationsUpdated";
+    /// A reorg deeper than the required depth removed the block it was final in: its TxConfirmed
+    /// is reverted (TxConfirmationReverted on `tx.outcomes`, and `new_fork = true` with an empty
+    /// list on `tx.confirmations`); it stays CONFIRMED while its outcome is re-evaluated.
+    REVERSE_CONFIRMED: Confirmed => Confirmed, "TxConfirmationReverted";
+    /// The same, for a reverted transaction settled at depth (its TxConfirmed said
+    /// `success = false`).
+    REVERSE_SETTLED: Reverted => Reverted, "TxConfirmationReverted";
     /// A reorg dropped its block before it was final: back to SUBMITTED, rebroadcast, receipt
     /// cleared; announces TxConfirmationsUpdated with `new_fork = true` and an empty list.
     REORG: Mined | Reverted => Submitted, "TxReorged";
