@@ -162,9 +162,14 @@ async fn live_rows(pool: &PgPool) -> Live {
     )
     .await;
     let chained = insert_tx(pool, ALLOCATOR, "live-child", Received, None).await;
+    // The parent is another signer's: named with its signer.
     exec(
         pool,
-        "UPDATE managed_tx SET depends_on_request_id = 'live-parent' WHERE tx_id = $1",
+        &format!(
+            "UPDATE managed_tx SET depends_on_request_id = 'live-parent',
+                    depends_on_signer = '{}' WHERE tx_id = $1",
+            signer(PARENTS)
+        ),
         chained,
     )
     .await;
