@@ -77,6 +77,8 @@ struct State {
     fees: (u128, u128),
     gas_price: u128,
     calls: HashMap<&'static str, u64>,
+    /// Reorgs so far: part of every block hash, so that a block replaced at a height is another.
+    forks: u64,
 }
 
 /// The scripted chain. Cheap to share: hold it in an `Arc` and give the stage an
@@ -122,6 +124,7 @@ impl FakeChain {
                 fees: (2_000_000_000, 1_000_000_000),
                 gas_price: 1_500_000_000,
                 calls: HashMap::new(),
+                forks: 0,
             }),
         }
     }
@@ -186,6 +189,29 @@ impl FakeChain {
         FakeChain::seal(&mut s, outsiders);
     }
 
+    /// Replaces the last `depth` blocks (never the genesis) with as many new empty ones: their
+    /// transactions are no longer mined (no receipt), and, as anvil does, not put back in the
+    /// pool; every sender's nonce is what it was below them.
+    pub fn reorg(&self, depth: u64) {
+        let mut s = self.state();
+        let keep = s
+            .blocks
+            .len()
+            .saturating_sub(usize::try_from(depth).unwrap_or(usize::MAX))
+            .max(1);
+        let removed: Vec<FakeBlock> = s.blocks.drain(keep..).collect();
+        for b in &removed {
+            for h in &b.transactions {
+                s.mined.remove(h);
+            }
+        }
+        s.latest = s.blocks.last().expect("genesis").nonces.clone();
+        s.forks += 1;
+        for _ in 0..removed.len() {
+            FakeChain::seal(&mut s, Vec::new());
+        }
+    }
+
     /// Mines one block with every executable pooled transaction (consecutive nonces from each
     /// sender's latest); returns the block's number.
     pub fn mine(&self) -> u64 {
@@ -210,7 +236,14 @@ impl FakeChain {
     fn seal(s: &mut State, included: Vec<FakeTx>) -> u64 {
         let parent = s.blocks.last().expect("genesis").header;
         let number = parent.number + 1;
-        let hash = keccak256(format!("fake block {number} after {}", parent.hash));
+        let hash = if s.forks == 0 {
+            keccak256(format!("fake block {number} after {}", parent.hash))
+        } else {
+            keccak256(format!(
+                "fake block {number} after {} on fork {}",
+                parent.hash, s.forks
+            ))
+        };
         let transactions: Vec<B256> = included.iter().map(|t| t.hash).collect();
         for tx in included {
             let status = match TxEnvelope::decode_2718(&mut tx.raw.as_slice()) {

@@ -1304,6 +1304,44 @@ async fn a_reverted_transaction_is_settled_at_the_depth_with_success_false_and_k
         drive().await.expect("drive").is_empty(),
         "settled: nothing more"
     );
+
+    // A reorg deeper than the depth removes its block: the TxConfirmed of the revert is
+    // reverted (on tx.confirmations and tx.outcomes), and the outcome re-evaluated.
+    chain.reorg(3);
+    let outs = drive().await.expect("drive");
+    let reversal = txflow_confirmation_manager::decide::reversal_event_id(tx, 0).to_string();
+    assert_eq!(outs.len(), 2, "the new fork and the reversal: {outs:?}");
+    assert!(outs.iter().all(|o| o.event_id == reversal));
+    let followed = || async {
+        sqlx::query_as::<_, (bool, bool, bool)>(
+            "SELECT watch_until_block IS NOT NULL, reorged_at IS NOT NULL,
+                    mined_block_number IS NOT NULL FROM managed_tx WHERE tx_id = $1",
+        )
+        .bind(tx)
+        .fetch_one(&db.pool)
+        .await
+        .expect("row")
+    };
+    assert_eq!(followed().await, (true, true, false), "re-evaluated");
+    // Another transaction uses its nonce, buried at the depth: the revert's outcome (no effect)
+    // stands, and with no block to watch it is no longer followed.
+    chain.use_nonce_elsewhere(key.address(), 0);
+    chain.mine();
+    drive().await.expect("drive");
+    assert_eq!(settled().await, ("REVERTED".to_string(), true));
+    assert_eq!(
+        followed().await,
+        (false, false, false),
+        "neither watched nor re-evaluated"
+    );
+    let pending = txflow_confirmation_manager::store::pending_signers(&db.pool, ChainId(31337))
+        .await
+        .expect("pending signers");
+    assert!(
+        pending.is_empty(),
+        "the signer is no longer driven for it: {pending:?}"
+    );
+    assert!(drive().await.expect("drive").is_empty());
 }
 
 /// Confirms one request at block `b`, then replaces the last three blocks with new ones in which

@@ -225,9 +225,12 @@ pub fn track(t: &Tracked<'_>, view: &View, rules: &Rules) -> Step {
     let Some((number, hash)) = t.block else {
         return match t.phase {
             Phase::Reorged { .. } => Step::Reevaluate,
+            // Final with no block (a settled revert whose nonce another transaction consumed
+            // after a deep reorg): nothing to watch, no longer followed.
+            Phase::Final { .. } => Step::Unwatch,
             // A followed transaction without a block is not one a receipt moved here (a row
             // written by hand): nothing to count.
-            Phase::Mined | Phase::Reverted | Phase::Final { .. } => Step::Idle,
+            Phase::Mined | Phase::Reverted => Step::Idle,
         };
     };
     match view.holds(number, hash) {
@@ -656,6 +659,15 @@ mod tests {
             ..t(Phase::Mined, none, None)
         };
         assert_eq!(track(&odd, &chain(9, 99, 0), &RULES), Step::Idle);
+        let blockless = Tracked {
+            block: None,
+            ..t(Phase::Final { reverted: true }, three, Some(12))
+        };
+        assert_eq!(
+            track(&blockless, &chain(9, 99, 0), &RULES),
+            Step::Unwatch,
+            "final with no block to watch: no longer followed"
+        );
     }
 
     #[test]

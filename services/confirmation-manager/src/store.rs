@@ -184,8 +184,9 @@ pub struct Bookkeeping {
     pub unwatch: bool,
     /// A deep reorg undid it: re-evaluated from now on (`reorged_at`), its generation raised.
     pub park: bool,
-    /// Re-evaluated and settled without being final again: `reorged_at` cleared (a revert whose
-    /// nonce another transaction consumed: its outcome stands).
+    /// Re-evaluated and settled without being final again: `reorged_at` and `watch_until_block`
+    /// cleared (a revert whose nonce another transaction consumed at depth: its outcome stands,
+    /// it has no block to watch, and it is no longer followed).
     pub unpark: bool,
     /// Undone for good (back to SIMULATED): no longer final, watched nor re-evaluated
     /// (`confirmed_at`, `watch_until_block`, `reorged_at` cleared).
@@ -226,7 +227,7 @@ pub async fn bookkeeping(
              confirmed_at = CASE WHEN u.finished IS NOT NULL THEN clock_timestamp()
                                  WHEN u.undone THEN NULL ELSE m.confirmed_at END,
              watch_until_block = CASE WHEN u.finished IS NOT NULL THEN u.finished
-                                      WHEN u.unwatch OR u.undone THEN NULL
+                                      WHEN u.unwatch OR u.unpark OR u.undone THEN NULL
                                       ELSE m.watch_until_block END,
              reorged_at = CASE WHEN u.park THEN clock_timestamp()
                                WHEN u.finished IS NOT NULL OR u.unpark OR u.undone THEN NULL
