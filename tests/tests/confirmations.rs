@@ -42,6 +42,7 @@ use txflow_core::codec::RegistryCodec;
 use txflow_core::config::Config;
 use txflow_core::deps::Deps;
 use txflow_core::domain::NodeId;
+use txflow_core::events::TxCommandKind;
 use txflow_core::events::{
     TxAccepted, TxConfirmationReverted, TxConfirmationsUpdated, TxConfirmed, TxReceiptUpdated,
     TxSubmitted,
@@ -802,8 +803,23 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Alerts {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_reorg_deeper_than_the_depth_raises_the_alert_announces_a_new_fork_and_re_evaluates_once_the_nonce_is_cancelled()
  {
+    a_deep_reorg_undone_by_the_cancellation(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_approval_after_deep_reorg_a_request_undone_by_a_deep_reorg_is_simulated_again_and_waits_for_an_approval()
+ {
+    a_deep_reorg_undone_by_the_cancellation(true).await;
+}
+
+/// A confirmed request, a reorg deeper than the depth, txflow's defensive cancellation mined and
+/// buried at the depth: the request is undone, simulated and checked against the policy again
+/// (seed 000 §4.4), then sent at a fresh nonce — after an operator's approval when `approve`
+/// (`approval.after_deep_reorg`) — and confirmed again under a new `event_id`.
+async fn a_deep_reorg_undone_by_the_cancellation(approve: bool) {
     let alerts = Alerts::install();
-    let mut run = Run::start(1, 2).await;
+    let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
+    let mut run = Run::start_on(anvil, 1, 2, |c| c.approval_after_deep_reorg = approve).await;
     run.submit("d", 1).await;
     let tx = run.tx_id("d-0-0").await;
     let tx_id = tx.to_string();
@@ -853,7 +869,31 @@ async fn a_reorg_deeper_than_the_depth_raises_the_alert_announces_a_new_fork_and
 
     // The cancellation mined and buried at the depth.
     run.mine(2).await;
-    // Undone: SIMULATED, then re-allocated a fresh nonce and submitted.
+    if approve {
+        // Undone, simulated again, and waiting for an operator: no nonce, nothing sent.
+        run.wait_count(
+            "simulated again and waiting for an approval",
+            "SELECT count(*) FROM managed_tx WHERE state = 'PENDING_APPROVAL'
+             AND reorged_at IS NULL AND confirmed_at IS NULL",
+            1,
+        )
+        .await;
+        let reason: String = sqlx::query_scalar(
+            "SELECT payload->>'reason' FROM tx_events WHERE tx_id = $1 AND type = 'TxPendingApproval'",
+        )
+        .bind(tx)
+        .fetch_one(&run.p.db.pool)
+        .await
+        .expect("the audit row of the wait");
+        assert_eq!(
+            reason,
+            txflow_allocator::handler::DEEP_REORG_APPROVAL_REASON
+        );
+        assert_eq!(run.p.pool_status().await, ("0x0".into(), "0x0".into()));
+        run.p.command(&tx_id, TxCommandKind::Approve).await;
+    }
+    // Undone: RECEIVED, simulated and checked against the policy again, then re-allocated a
+    // fresh nonce and submitted.
     run.wait_count(
         "re-evaluated and submitted at a fresh nonce",
         "SELECT count(*) FROM managed_tx WHERE state = 'SUBMITTED' AND nonce = 1
@@ -870,6 +910,17 @@ async fn a_reorg_deeper_than_the_depth_raises_the_alert_announces_a_new_fork_and
         .await,
         1,
         "undone, on the proof that the cancellation consumed the nonce"
+    );
+    assert_eq!(
+        run.count(&format!(
+            "SELECT count(*) FROM tx_events u, tx_events s
+             WHERE u.tx_id = '{tx}' AND s.tx_id = u.tx_id AND u.type = 'TxReorgUndone'
+               AND s.type IN ('TxSimulated', 'TxPendingApproval') AND s.created_at > u.created_at
+               AND (s.payload->>'reevaluated_after_deep_reorg')::boolean"
+        ))
+        .await,
+        1,
+        "simulated again after it was undone, before its new nonce"
     );
     run.mine(2).await;
     run.wait_count(

@@ -529,6 +529,7 @@ impl Fixture for Allocator {
                 approval_timeout: Duration::from_millis(
                     txflow_core::config::DEFAULT_APPROVAL_TIMEOUT_MS,
                 ),
+                approval_after_deep_reorg: false,
             },
             chain: env.chain.clone(),
         }

@@ -708,13 +708,13 @@ async fn the_recovery_scan_signs_one_defensive_cancellation_per_undone_nonce_wit
     );
 
     // Signed one at a time with no transaction open; the second one's transaction is undone
-    // (back to SIMULATED) while its cancellation is being signed.
+    // (back to RECEIVED) while its cancellation is being signed.
     let running = drive();
     assert_eq!(gate.check_signatures(&db.pool, 1).await, [0]);
     assert_eq!(gate.next_started().await, 1);
     let held = held_while_signing(&db.pool).await;
     assert!(held.is_empty(), "while signing: {held:?}");
-    sqlx::query("UPDATE managed_tx SET state = 'SIMULATED', reorged_at = NULL WHERE tx_id = $1")
+    sqlx::query("UPDATE managed_tx SET state = 'RECEIVED', reorged_at = NULL WHERE tx_id = $1")
         .bind(second)
         .execute(&db.pool)
         .await
@@ -757,7 +757,7 @@ async fn the_recovery_scan_signs_one_defensive_cancellation_per_undone_nonce_wit
     // Nothing of the transactions moved; no attempt was added.
     for (tx_id, state) in [
         (first, "CONFIRMED"),
-        (second, "SIMULATED"),
+        (second, "RECEIVED"),
         (third, "CONFIRMED"),
     ] {
         let (now, attempts) = recorded(&db.pool, tx_id).await;

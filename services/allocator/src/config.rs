@@ -22,6 +22,9 @@ pub struct AllocatorConfig {
     /// `approval.timeout`: a transaction in PENDING_APPROVAL longer than this fails
     /// (`APPROVAL_TIMEOUT`).
     pub approval_timeout: Duration,
+    /// `approval.after_deep_reorg`: a request undone by a reorg deeper than the required
+    /// confirmations waits for an approval once simulated again, instead of being sent again.
+    pub approval_after_deep_reorg: bool,
 }
 
 impl AllocatorConfig {
@@ -33,6 +36,7 @@ impl AllocatorConfig {
             nonce_state_timeout: Duration::from_millis(config.nonce_state_timeout_ms),
             max_in_flight: config.max_in_flight,
             approval_timeout: Duration::from_millis(config.approval_timeout_ms),
+            approval_after_deep_reorg: config.approval_after_deep_reorg,
         })
     }
 }

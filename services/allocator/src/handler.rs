@@ -386,6 +386,11 @@ fn parent_of(f: &store::ParentRow) -> Result<Option<decide::Parent>, String> {
     }))
 }
 
+/// Why a request undone by a deep reorg waits for an approval (`approval.after_deep_reorg`), as
+/// its TxPendingApproval audit row says.
+pub const DEEP_REORG_APPROVAL_REASON: &str = "its confirmed transaction was undone by a reorg deeper than the required confirmations \
+     (another transaction took its nonce); simulated again, it waits for an approval before it is sent again";
+
 impl RequestStage {
     /// PENDING_APPROVAL → FAILED (`APPROVAL_TIMEOUT`) for the signer's transactions that waited
     /// for an approval longer than `approval.timeout` (seed 000 §4.1), in one fenced transaction,
@@ -444,6 +449,13 @@ impl RequestStage {
             .filter_map(|r| r.hold.map(|h| (r.row.tx_id, h)))
             .collect();
         let chained = received.iter().any(|r| r.chained);
+        // Requests a deep reorg undid, simulated and checked against the policy again here
+        // before a new nonce (seed 000 §4.4).
+        let reevaluated: BTreeSet<Uuid> = received
+            .iter()
+            .filter(|r| r.reevaluated)
+            .map(|r| r.row.tx_id)
+            .collect();
         let rows: Vec<TxRow> = received.into_iter().map(|r| r.row).collect();
         // Chained requests whose parent is not CONFIRMED yet wait; those whose parent failed
         // fail (their own transaction, committed here). The rest are simulated.
@@ -478,15 +490,31 @@ impl RequestStage {
         let decisions: Vec<AfterSimulation> = payloads
             .iter()
             .zip(&sims)
-            .map(|(p, sim)| match (p, sim) {
-                (Ok(p), Some(sim)) => decide::after_simulation(&self.config.policy, p, sim),
-                (Ok(p), None) => {
-                    decide::after_simulation(&self.config.policy, p, &Ok(Simulation::Ok { gas: 0 }))
+            .zip(&rows)
+            .map(|((p, sim), row)| (p, sim, reevaluated.contains(&row.tx_id)))
+            .map(|(p, sim, again)| {
+                let d = match (p, sim) {
+                    (Ok(p), Some(sim)) => decide::after_simulation(&self.config.policy, p, sim),
+                    (Ok(p), None) => decide::after_simulation(
+                        &self.config.policy,
+                        p,
+                        &Ok(Simulation::Ok { gas: 0 }),
+                    ),
+                    (Err(why), _) => AfterSimulation::Fail {
+                        code: FailureCode::SimulationFailed,
+                        reason: why.clone(),
+                    },
+                };
+                // Undone by a deep reorg: with `approval.after_deep_reorg`, an operator decides
+                // whether it is sent again.
+                match d {
+                    AfterSimulation::Simulated(p)
+                        if again && self.config.approval_after_deep_reorg =>
+                    {
+                        AfterSimulation::AwaitApproval(p)
+                    }
+                    d => d,
                 }
-                (Err(why), _) => AfterSimulation::Fail {
-                    code: FailureCode::SimulationFailed,
-                    reason: why.clone(),
-                },
             })
             .collect();
         if let Some(reason) = decisions.iter().find_map(|d| match d {
@@ -550,9 +578,21 @@ impl RequestStage {
                     } else {
                         &mut simulated
                     };
-                    let event = serde_json::json!({
+                    let mut event = serde_json::json!({
                         "tx_id": row.tx_id.to_string(), "gas_limit": p.gas_limit, "fencing_token": token,
                     });
+                    if reevaluated.contains(&row.tx_id) {
+                        let waits = matches!(d, AfterSimulation::AwaitApproval(_));
+                        tracing::warn!(
+                            signer = %lease.key().signer, tx_id = %row.tx_id, request_id = %row.request_id,
+                            awaits_approval = waits,
+                            "a request undone by a deep reorg was simulated and checked against the policy again"
+                        );
+                        event["reevaluated_after_deep_reorg"] = serde_json::json!(true);
+                        if waits {
+                            event["reason"] = serde_json::json!(DEEP_REORG_APPROVAL_REASON);
+                        }
+                    }
                     let mut row_move = MoveRow::new(row.tx_id, Uuid::new_v4(), event);
                     row_move.payload = Some(json(p)?);
                     if matches!(d, AfterSimulation::Simulated(_)) {

@@ -239,6 +239,9 @@ pub struct ReceivedRow {
     /// Held alone (`hold_reason` set): the attempts so far, and whether its back-off has not run
     /// out yet by the database clock (not simulated in this drive).
     pub hold: Option<RequestHoldState>,
+    /// Back in RECEIVED after a reorg deeper than the required confirmations undid its
+    /// confirmed transaction (`reorg_generation > 0`): re-evaluated before a new nonce.
+    pub reevaluated: bool,
 }
 
 /// The hold of a RECEIVED request held alone.
@@ -256,6 +259,7 @@ struct ReceivedRaw {
     held: bool,
     hold_attempts: i32,
     waiting: bool,
+    reevaluated: bool,
 }
 
 /// The signer's RECEIVED requests, oldest first, with whether each is chained and its hold, in
@@ -264,7 +268,8 @@ pub async fn received(pool: &PgPool, key: &LeaseKey) -> Result<Vec<ReceivedRow>,
     let raw: Vec<ReceivedRaw> = sqlx::query_as(&format!(
         "SELECT {}, depends_on_request_id IS NOT NULL AS chained,
                 hold_reason IS NOT NULL AS held, hold_attempts,
-                coalesce(hold_retry_at > clock_timestamp(), false) AS waiting
+                coalesce(hold_retry_at > clock_timestamp(), false) AS waiting,
+                reorg_generation > 0 AS reevaluated
          FROM managed_tx
          WHERE chain_id = $1 AND signer = $2 AND {}
          ORDER BY created_at, tx_id",
@@ -285,6 +290,7 @@ pub async fn received(pool: &PgPool, key: &LeaseKey) -> Result<Vec<ReceivedRow>,
                     attempts: r.hold_attempts,
                     waiting: r.waiting,
                 }),
+                reevaluated: r.reevaluated,
             })
         })
         .collect()

@@ -300,7 +300,7 @@ pub enum Reevaluation {
     /// Its own attempt is mined again with the other outcome (it succeeded where it had
     /// reverted, or the reverse): left for an operator (ERROR), still re-evaluated.
     OutcomeChanged,
-    /// Another transaction consumed its nonce at depth: a CONFIRMED one goes back to SIMULATED
+    /// Another transaction consumed its nonce at depth: a CONFIRMED one goes back to RECEIVED
     /// (re-evaluated, a fresh nonce); a REVERTED one keeps its outcome (it had no effect and
     /// has none).
     Undone,

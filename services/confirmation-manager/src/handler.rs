@@ -838,7 +838,7 @@ impl ConfirmStage {
                                 consumed_by,
                                 cancellation_hash = cancellation.as_deref().unwrap_or_default(),
                                 "another transaction consumed the nonce of a confirmed transaction \
-                                 undone by a deep reorg: back to SIMULATED, re-evaluated with a fresh nonce"
+                                 undone by a deep reorg: back to RECEIVED, simulated and checked against the policy again before a fresh nonce"
                             );
                             let audit = serde_json::json!({
                                 "tx_id": tx_id.to_string(),

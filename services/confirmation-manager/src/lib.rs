@@ -28,7 +28,8 @@
 //!   Whichever is mined settles it: its own attempt mined again → followed to the depth again (a
 //!   TxConfirmed of the next generation); its nonce consumed at the depth by anything else (the
 //!   cancellation, recorded as such in the `TxReorgUndone` audit row, or a transaction txflow did
-//!   not send) → back to SIMULATED, re-allocated a fresh nonce.
+//!   not send) → back to RECEIVED, simulated and checked against the policy again, then a fresh
+//!   nonce (or an approval first, with `approval.after_deep_reorg`).
 //!
 //! The stage's files, as every stage's:
 //! - [`config`]: its settings ([`ConfirmationConfig`]);

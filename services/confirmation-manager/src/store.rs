@@ -188,7 +188,7 @@ pub struct Bookkeeping {
     /// cleared (a revert whose nonce another transaction consumed at depth: its outcome stands,
     /// it has no block to watch, and it is no longer followed).
     pub unpark: bool,
-    /// Undone for good (back to SIMULATED): no longer final, watched nor re-evaluated
+    /// Undone for good (back to RECEIVED): no longer final, watched nor re-evaluated
     /// (`confirmed_at`, `watch_until_block`, `reorged_at` cleared).
     pub undone: bool,
 }

@@ -81,6 +81,12 @@ pub struct Config {
     /// `approval.timeout` (`TXFLOW_APPROVAL_TIMEOUT_MS`, default 86400000, a day): a transaction
     /// in PENDING_APPROVAL longer than this fails with `APPROVAL_TIMEOUT`.
     pub approval_timeout_ms: u64,
+    /// `approval.after_deep_reorg` (`TXFLOW_APPROVAL_AFTER_DEEP_REORG`, default false): a
+    /// request whose confirmed transaction a reorg deeper than the required confirmations undid
+    /// (its nonce taken by another transaction) is simulated and checked against the policy
+    /// again before it gets a new nonce (seed 000 §4.4); with this set it then waits for an
+    /// approval (PENDING_APPROVAL, the reason in its audit row) instead of being sent again.
+    pub approval_after_deep_reorg: bool,
     /// An RPC call without an answer after this long has failed and is retried
     /// (`TXFLOW_RPC_TIMEOUT_MS`, default 10000).
     pub rpc_timeout_ms: u64,
@@ -188,6 +194,7 @@ impl std::fmt::Debug for Config {
             .field("nonce_state_timeout_ms", &self.nonce_state_timeout_ms)
             .field("max_in_flight", &self.max_in_flight)
             .field("approval_timeout_ms", &self.approval_timeout_ms)
+            .field("approval_after_deep_reorg", &self.approval_after_deep_reorg)
             .field("rpc_timeout_ms", &self.rpc_timeout_ms)
             .field("rpc_attempts", &self.rpc_attempts)
             .field("assignment_timeout_ms", &self.assignment_timeout_ms)
@@ -385,6 +392,7 @@ impl Default for Config {
             nonce_state_timeout_ms: 30_000,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             approval_timeout_ms: DEFAULT_APPROVAL_TIMEOUT_MS,
+            approval_after_deep_reorg: false,
             rpc_timeout_ms: 10_000,
             rpc_attempts: 4,
             assignment_timeout_ms: 60_000,
@@ -712,6 +720,19 @@ impl Config {
                         var: "TXFLOW_APPROVAL_TIMEOUT_MS",
                         value: v,
                         why: "expected milliseconds between 1000 and 2592000000 (30 days)",
+                    });
+                }
+            };
+        }
+        if let Some(v) = lookup("TXFLOW_APPROVAL_AFTER_DEEP_REORG") {
+            c.approval_after_deep_reorg = match v.as_str() {
+                "true" => true,
+                "false" => false,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: "TXFLOW_APPROVAL_AFTER_DEEP_REORG",
+                        value: v,
+                        why: "expected true or false",
                     });
                 }
             };

@@ -56,6 +56,10 @@ pub const KEYS: &[(&str, &str)] = &[
         "TXFLOW_POLICY_APPROVAL_THRESHOLD_WEI",
     ),
     ("approval.timeout_ms", "TXFLOW_APPROVAL_TIMEOUT_MS"),
+    (
+        "approval.after_deep_reorg",
+        "TXFLOW_APPROVAL_AFTER_DEEP_REORG",
+    ),
     ("node.name", "TXFLOW_NODE_NAME"),
     ("lease.duration_ms", "TXFLOW_LEASE_MS"),
     ("nonce.state_timeout_ms", "TXFLOW_NONCE_STATE_TIMEOUT_MS"),
@@ -212,6 +216,7 @@ pub struct NonceSection {
 #[serde(deny_unknown_fields, default)]
 pub struct ApprovalSection {
     pub timeout_ms: Option<u64>,
+    pub after_deep_reorg: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -381,7 +386,7 @@ impl ConfigFile {
             p.to_string_lossy().into_owned()
         }
         let s = self;
-        let values: [(&'static str, Option<String>); 36] = [
+        let values: [(&'static str, Option<String>); 37] = [
             ("TXFLOW_DATABASE_URL", s.database.url.clone()),
             ("TXFLOW_BROKERS", s.kafka.brokers.clone()),
             (
@@ -452,6 +457,10 @@ impl ConfigFile {
             (
                 "TXFLOW_APPROVAL_TIMEOUT_MS",
                 s.approval.timeout_ms.map(|v| v.to_string()),
+            ),
+            (
+                "TXFLOW_APPROVAL_AFTER_DEEP_REORG",
+                s.approval.after_deep_reorg.map(|v| v.to_string()),
             ),
             ("TXFLOW_NODE_NAME", s.node.name.clone()),
             (
@@ -640,6 +649,7 @@ impl ConfigFile {
             nonce_state_timeout_ms,
             max_in_flight,
             approval_timeout_ms,
+            approval_after_deep_reorg,
             rpc_timeout_ms,
             rpc_attempts,
             assignment_timeout_ms,
@@ -701,6 +711,7 @@ impl ConfigFile {
             },
             approval: ApprovalSection {
                 timeout_ms: Some(*approval_timeout_ms),
+                after_deep_reorg: Some(*approval_after_deep_reorg),
             },
             node: NodeSection {
                 name: node_name.clone(),

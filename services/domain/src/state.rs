@@ -230,15 +230,16 @@ transitions! {
     Reverted => [Reverted, Submitted];
     Replaced => [Allocated];
     // CONFIRMED → CONFIRMED: announcements after a reorg deeper than the required depth, and its
-    // confirmation again. CONFIRMED → SIMULATED: that reorg undid it for good (a transaction
-    // other than its own consumed its nonce at depth): re-evaluated with a fresh nonce.
-    Confirmed => [Confirmed, Simulated];
+    // confirmation again. CONFIRMED → RECEIVED: that reorg undid it for good (a transaction
+    // other than its own consumed its nonce at depth): re-evaluated — simulated and checked
+    // against the policy again — before a fresh nonce (seed 000 §4.4).
+    Confirmed => [Confirmed, Received];
     Failed => [];
 }
 
 /// The moves that leave a final state ([`TxState::is_terminal`]) for another: only a reorg
 /// deeper than the required depth does.
-pub const DEEP_REORG_EXITS: &[(TxState, TxState)] = &[(TxState::Confirmed, TxState::Simulated)];
+pub const DEEP_REORG_EXITS: &[(TxState, TxState)] = &[(TxState::Confirmed, TxState::Received)];
 
 /// Compiles only if `F → T` is in the table.
 const fn legal<F: TransitionTo<T>, T: State>() {}
@@ -332,9 +333,10 @@ moves! {
     /// cleared; announces TxConfirmationsUpdated with `new_fork = true` and an empty list.
     REORG: Mined | Reverted => Submitted, "TxReorged";
     /// A reorg deeper than the required depth undid it for good: a transaction other than its own
-    /// (the defensive cancellation) consumed its nonce at depth. Back to SIMULATED, re-evaluated
-    /// and re-allocated a fresh nonce.
-    UNDO_CONFIRMED: Confirmed => Simulated, "TxReorgUndone";
+    /// (the defensive cancellation) consumed its nonce at depth. Back to RECEIVED to be
+    /// re-evaluated (seed 000 §4.4: simulated and checked against the policy again, then sent at
+    /// a fresh nonce or, with `approval.after_deep_reorg`, held for an approval).
+    UNDO_CONFIRMED: Confirmed => Received, "TxReorgUndone";
 }
 
 /// Where a newly recorded transaction starts: a request, or a no-op filling a released nonce.
@@ -359,7 +361,9 @@ mod tests {
                 | (Submitted, Submitted | Mined | Reverted | Replaced)
                 | (Mined, Mined | Confirmed | Submitted)
                 | (Reverted, Reverted | Submitted)
-                | (Confirmed, Confirmed | Simulated)
+                // The design's "back to SIMULATED for re-evaluation" (seed 000 §4.4) made literal:
+                // RECEIVED is where a request is simulated and checked against the policy.
+                | (Confirmed, Confirmed | Received)
                 | (Replaced, Allocated)
         )
     }

@@ -977,7 +977,7 @@ mod cancellation_tests {
         for (what, t, want) in cases {
             assert_eq!(needs_cancellation(&t), want, "{what}");
         }
-        // Undone back to SIMULATED, or any state but the two final ones: nothing to void.
+        // Undone back to RECEIVED, or any state but the two final ones: nothing to void.
         for state in TxState::ALL {
             let t = Undone { state, ..undone() };
             let final_state = matches!(state, TxState::Confirmed | TxState::Reverted);
