@@ -26,7 +26,9 @@ use txflow_core::chain::{
 };
 
 /// The names [`FakeChain::calls`] counts, one per [`ChainClient`] method.
-pub const METHODS: [&str; 11] = [
+pub const METHODS: [&str; 13] = [
+    "balance",
+    "revert_data",
     "pending_nonce",
     "latest_nonce",
     "knows_transaction",
@@ -472,6 +474,22 @@ impl ChainClient for FakeChain {
     fn balance(&self, _address: Address) -> ChainFuture<'_, U256> {
         ready(self.enter("balance").map(|_| U256::MAX))
     }
+
+    /// A call to a reverting destination reverts with `Error("reverted by the fake chain")`.
+    fn revert_data(
+        &self,
+        _from: Address,
+        to: Address,
+        _value: U256,
+        _data: Bytes,
+        _block: u64,
+    ) -> ChainFuture<'_, Option<Bytes>> {
+        ready(self.enter("revert_data").map(|s| {
+            s.reverting
+                .contains(&to)
+                .then(|| Bytes::from(fake_revert_data()))
+        }))
+    }
 }
 
 /// A signed 1-wei EIP-1559 transfer on chain 31337 with `fees` (max fee, tip): what the tests
@@ -496,6 +514,22 @@ pub fn signed_transfer(
         },
     )
     .expect("a local key signs")
+}
+
+/// The revert data of the fake chain's reverting calls: `Error("reverted by the fake chain")`.
+pub fn fake_revert_data() -> Vec<u8> {
+    let text = b"reverted by the fake chain";
+    let mut d = vec![0x08, 0xc3, 0x79, 0xa0];
+    let mut offset = [0u8; 32];
+    offset[31] = 0x20;
+    d.extend_from_slice(&offset);
+    let mut len = [0u8; 32];
+    len[31] = text.len() as u8;
+    d.extend_from_slice(&len);
+    let mut t = text.to_vec();
+    t.resize(32, 0);
+    d.extend_from_slice(&t);
+    d
 }
 
 #[cfg(test)]

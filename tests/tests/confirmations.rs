@@ -1279,7 +1279,10 @@ async fn a_reverted_transaction_is_settled_at_the_depth_with_success_false_and_k
     )
     .bind(tx)
     .bind(&signer)
-    .bind(serde_json::json!({"attempt": 1, "tx_hash": tx_hash, "status": 0}))
+    .bind(serde_json::json!({
+        "attempt": 1, "tx_hash": tx_hash, "status": 0,
+        "revert_reason": "Error(\"reverted by the fake chain\")",
+    }))
     .bind(r.block_number as i64)
     .bind(&block_hash)
     .execute(&db.pool)
@@ -1349,6 +1352,11 @@ async fn a_reverted_transaction_is_settled_at_the_depth_with_success_false_and_k
     assert_eq!(
         (c.success, c.block_hash.as_str(), c.confirmations),
         (false, block_hash.as_str(), 2)
+    );
+    assert_eq!(
+        c.revert_reason.as_deref(),
+        Some("Error(\"reverted by the fake chain\")"),
+        "the TxConfirmed of a revert says why"
     );
     chain.mine();
     assert!(

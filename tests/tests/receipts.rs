@@ -215,7 +215,7 @@ async fn submitted_transactions_are_mined_or_reverted_with_the_receipt_the_chain
 
     let provider = p.provider();
     provider
-        .anvil_set_code(target, Bytes::from_static(&[0x60, 0x00, 0x60, 0x00, 0xfd]))
+        .anvil_set_code(target, Bytes::from(reverts_with_error("nope")))
         .await
         .expect("anvil_setCode");
     provider.anvil_mine(Some(1), None).await.expect("mine");
@@ -226,6 +226,18 @@ async fn submitted_transactions_are_mined_or_reverted_with_the_receipt_the_chain
 
     let rows = check_receipts_against_the_chain(&p, &["reverts"]).await;
     assert_eq!(rows.len(), ids.len());
+    // Why it reverted, read from the chain: the contract's Error(string).
+    for (id, r) in &rows {
+        let reason = r
+            .receipt
+            .as_ref()
+            .and_then(|x| x.get("revert_reason").cloned());
+        if id == "reverts" {
+            assert_eq!(reason, Some(serde_json::json!("Error(\"nope\")")), "{id}");
+        } else {
+            assert_eq!(reason, None, "{id} succeeded");
+        }
+    }
     assert_eq!(
         p.count("SELECT count(*) FROM managed_tx WHERE next_receipt_check_at IS NOT NULL")
             .await,
@@ -764,4 +776,27 @@ async fn a_nonce_used_outside_txflow_in_a_block_a_reorg_removes_is_not_replaced_
         "signed once, never re-allocated"
     );
     p.stop().await;
+}
+
+/// Runtime code that reverts every call with `Error(text)` (ABI-encoded, at most 32 bytes of
+/// text): CODECOPY of the revert data appended to the code, then REVERT.
+fn reverts_with_error(text: &str) -> Vec<u8> {
+    assert!(text.len() <= 32);
+    let mut data = vec![0x08, 0xc3, 0x79, 0xa0];
+    let mut offset = [0u8; 32];
+    offset[31] = 0x20;
+    data.extend_from_slice(&offset);
+    let mut len = [0u8; 32];
+    len[31] = text.len() as u8;
+    data.extend_from_slice(&len);
+    let mut t = text.as_bytes().to_vec();
+    t.resize(32, 0);
+    data.extend_from_slice(&t);
+    let n = data.len() as u8; // 100
+    // PUSH1 n, PUSH1 12 (where the data starts), PUSH1 0, CODECOPY, PUSH1 n, PUSH1 0, REVERT
+    let mut code = vec![
+        0x60, n, 0x60, 12, 0x60, 0x00, 0x39, 0x60, n, 0x60, 0x00, 0xfd,
+    ];
+    code.extend_from_slice(&data);
+    code
 }

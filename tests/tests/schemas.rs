@@ -154,6 +154,7 @@ fn tx_confirmed() -> TxConfirmed {
         confirmations: 12,
         fencing_token: 7,
         reorg_generation: 1,
+        revert_reason: None,
     }
 }
 fn tx_confirmation_reverted() -> TxConfirmationReverted {

@@ -963,6 +963,11 @@ impl ConfirmStage {
             confirmations: i32::try_from(self.config.required).unwrap_or(i32::MAX),
             fencing_token: token,
             reorg_generation: t.row.reorg_generation,
+            revert_reason: if t.phase.success() {
+                None
+            } else {
+                t.row.revert_reason.clone()
+            },
         };
         w.push(
             m,

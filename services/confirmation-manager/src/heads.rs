@@ -287,6 +287,16 @@ mod tests {
         fn balance(&self, _: Address) -> ChainFuture<'_, U256> {
             unused()
         }
+        fn revert_data(
+            &self,
+            _: Address,
+            _: Address,
+            _: U256,
+            _: Bytes,
+            _: u64,
+        ) -> ChainFuture<'_, Option<Bytes>> {
+            unused()
+        }
     }
 
     fn hash(h: &Headers, n: u64) -> String {

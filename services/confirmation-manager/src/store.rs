@@ -56,6 +56,8 @@ pub struct Followed {
     pub watch_until_block: Option<i64>,
     pub reorged: bool,
     pub reorg_generation: i32,
+    /// Why it reverted (`managed_tx.receipt`'s `revert_reason`, as the receipt checker read it).
+    pub revert_reason: Option<String>,
     /// The lowest nonce of the signer's transactions that hold one and are not mined yet
     /// ([`UNMINED`]), read in the same statement (so from the same snapshot) as the rows: the
     /// same on every row.
@@ -72,6 +74,7 @@ pub async fn followed(pool: &PgPool, key: &LeaseKey) -> Result<Vec<Followed>, sq
                           ORDER BY a.attempt DESC LIMIT 1)) AS tx_hash,
                 m.confirmations, m.confirmed_at IS NOT NULL AS settled, m.watch_until_block,
                 m.reorged_at IS NOT NULL AS reorged, m.reorg_generation,
+                m.receipt->>'revert_reason' AS revert_reason,
                 (SELECT min(u.nonce) FROM managed_tx u
                   WHERE u.chain_id = $1 AND u.signer = $2 AND {unmined}) AS lowest_unmined
          FROM managed_tx m

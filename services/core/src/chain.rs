@@ -568,6 +568,16 @@ pub trait ChainClient: Send + Sync + std::fmt::Debug {
     fn block_transaction_hashes(&self, number: u64) -> ChainFuture<'_, Option<Vec<B256>>>;
     /// The account's balance at the latest block, in wei.
     fn balance(&self, address: Address) -> ChainFuture<'_, U256>;
+    /// The revert data of the call `from` → `to` (`value`, `data`) run at block `block`
+    /// (`eth_call`): `Some` when it reverts there, `None` when it succeeds.
+    fn revert_data(
+        &self,
+        from: Address,
+        to: Address,
+        value: U256,
+        data: Bytes,
+        block: u64,
+    ) -> ChainFuture<'_, Option<Bytes>>;
 }
 
 /// Log targets of libraries that record an endpoint's full URL (with any API key in its path or
@@ -858,6 +868,45 @@ impl Chain {
         .map_err(|e| classify("eth_getTransactionCount", e))
     }
 
+    /// The revert data of the call `from` → `to` (`value`, `data`) run at block `block`
+    /// (`eth_call`): `Some` when it reverts there (the node's revert data, empty when it gave
+    /// none), `None` when it succeeds.
+    pub async fn revert_data(
+        &self,
+        from: Address,
+        to: Address,
+        value: U256,
+        data: Bytes,
+        block: u64,
+    ) -> Result<Option<Bytes>, ChainError> {
+        let tx = TransactionRequest::default()
+            .from(from)
+            .to(to)
+            .value(value)
+            .input(data.into());
+        let result = self
+            .call("eth_call", |p| {
+                let tx = tx.clone();
+                async move { p.call(tx).block(alloy::eips::BlockId::number(block)).await }
+            })
+            .await;
+        match result {
+            Ok(_) => Ok(None),
+            Err(RpcError::ErrorResp(p))
+                if classify_simulation_error(p.code, &p.message) == SimErrorClass::Reverts =>
+            {
+                let data = p
+                    .data
+                    .as_ref()
+                    .and_then(|d| serde_json::from_str::<String>(d.get()).ok())
+                    .and_then(|h| alloy::hex::decode(h).ok())
+                    .unwrap_or_default();
+                Ok(Some(Bytes::from(data)))
+            }
+            Err(e) => Err(classify("eth_call", e)),
+        }
+    }
+
     /// The account's balance at the latest block, in wei.
     pub async fn balance(&self, address: Address) -> Result<U256, ChainError> {
         self.call(
@@ -1125,6 +1174,16 @@ impl ChainClient for Chain {
     }
     fn balance(&self, address: Address) -> ChainFuture<'_, U256> {
         Box::pin(Chain::balance(self, address))
+    }
+    fn revert_data(
+        &self,
+        from: Address,
+        to: Address,
+        value: U256,
+        data: Bytes,
+        block: u64,
+    ) -> ChainFuture<'_, Option<Bytes>> {
+        Box::pin(Chain::revert_data(self, from, to, value, data, block))
     }
 }
 

@@ -49,4 +49,4 @@ pub mod txstore;
 
 // The domain (no I/O), re-exported so that `txflow_core::events::TxRequest` and the like keep
 // one path for the services.
-pub use txflow_domain::{events, failure, nonce_proof, retry, state, transfer};
+pub use txflow_domain::{events, failure, nonce_proof, retry, revert, state, transfer};

@@ -106,6 +106,7 @@ pub struct Metrics {
     tx_submit: Counter<u64>,
     receipt_check: Counter<u64>,
     confirmations_newfork: Counter<u64>,
+    tx_reverted: Counter<u64>,
     fsm_transition: Counter<u64>,
     tx_resubmit: Counter<u64>,
     tx_gas_bump: Counter<u64>,
@@ -180,6 +181,10 @@ impl Metrics {
             confirmations_newfork: counter(
                 "confirmations.newfork",
                 "TxConfirmationsUpdated announced with new_fork=true",
+            ),
+            tx_reverted: counter(
+                "tx.reverted",
+                "Transactions mined with status 0 (REVERTED) whose move landed (receipt checker)",
             ),
             fsm_transition: counter(
                 "fsm.transition",
@@ -286,6 +291,14 @@ impl Metrics {
     pub fn receipt_check(&self, result: &'static str) {
         self.receipt_check
             .add(1, &[KeyValue::new("result", result)]);
+    }
+
+    /// `n` transactions mined with status 0 (REVERTED) on chain `c`.
+    pub fn tx_reverted(&self, c: ChainId, n: u64) {
+        if !enabled() || n == 0 {
+            return;
+        }
+        self.tx_reverted.add(n, &[chain(c)]);
     }
 
     /// `n` confirmation lists announced with `new_fork = true`.
@@ -514,6 +527,7 @@ impl Metrics {
                 .add(0, &[KeyValue::new("result", result)]);
         }
         self.confirmations_newfork.add(0, &[chain(c)]);
+        self.tx_reverted.add(0, &[chain(c)]);
         for (from, to) in crate::state::TRANSITIONS {
             self.fsm_transition.add(
                 0,

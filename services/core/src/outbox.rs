@@ -506,6 +506,7 @@ mod tests {
             confirmations: 12,
             fencing_token: 3,
             reorg_generation: 1,
+            revert_reason: None,
         };
         let row = Unpublished {
             event_id: id,

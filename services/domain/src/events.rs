@@ -264,6 +264,10 @@ pub struct TxConfirmed {
     /// generation comes first). Added with a default of 0 for readers and writers before it.
     #[serde(default)]
     pub reorg_generation: i32,
+    /// With `success = false`: why the call reverted (`txflow_domain::revert`), when the chain
+    /// told. Added with a `null` default.
+    #[serde(default)]
+    pub revert_reason: Option<String>,
 }
 event!(TxConfirmed, "tx_confirmed.avsc", tx_id);
 

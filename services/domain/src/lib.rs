@@ -9,6 +9,7 @@
 //! - [`policy`]: whitelist, value limit, approval threshold.
 //! - [`nonce_proof`]: whose nonce it is, on the chain's proof (REPLACED only when proven).
 //! - [`retry`]: the retry classification every error type carries.
+//! - [`revert`]: why a call reverted, read from its revert data.
 //! - [`transfer`]: internal transfers (seed 004): their state machine, reversibility rule and
 //!   validation.
 //!
@@ -21,6 +22,7 @@ pub mod ids;
 pub mod nonce_proof;
 pub mod policy;
 pub mod retry;
+pub mod revert;
 pub mod role;
 pub mod state;
 pub mod transfer;

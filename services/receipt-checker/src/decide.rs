@@ -77,6 +77,11 @@ pub struct StoredReceipt {
     pub gas_used: i64,
     /// Decimal wei.
     pub effective_gas_price: String,
+    /// Why it reverted (status 0), read from an `eth_call` of it at its block
+    /// (`txflow_core::revert::decode_revert`); absent when it succeeded or the call could not
+    /// tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert_reason: Option<String>,
 }
 
 /// A transaction found mined, as the stage records and announces it.
@@ -160,6 +165,7 @@ pub fn found(whose: Whose<'_>, attempt: i32, receipt: &Receipt) -> Result<Found,
             status: i32::from(receipt.status),
             gas_used,
             effective_gas_price: price.clone(),
+            revert_reason: None,
         },
         event: TxReceiptUpdated {
             event_id: event_id.to_string(),
@@ -340,6 +346,7 @@ mod tests {
                 status: 1,
                 gas_used: 21_000,
                 effective_gas_price: "1500000007".into(),
+                revert_reason: None,
             }
         );
         assert_eq!(f.event.tx_hash.as_deref(), Some(f.stored.tx_hash.as_str()));

@@ -37,6 +37,10 @@ use crate::store::{self, DueRow, Mined, Row, Schedule};
 /// scan takes the rest.
 const PROOFS_PER_DRIVE: usize = 8;
 
+/// The stable event name logged when a transaction is mined with status 0 (REVERTED), with the
+/// reason its call reverted when the chain tells it.
+pub const TX_REVERTED: &str = "tx_reverted";
+
 /// The stable event name logged when a nonce used outside txflow is not final yet: the
 /// transaction stays SUBMITTED at its nonce (REPLACED only once that block is final).
 pub const REPLACEMENT_NOT_FINAL: &str = "replacement_not_final";
@@ -242,6 +246,33 @@ impl ReceiptStage {
         }
     }
 
+    /// Why a transaction mined with status 0 reverted: its call (`row.payload`) replayed at its
+    /// block with `eth_call`, the revert data decoded (`txflow_core::revert`). `None` when the
+    /// payload does not read, the call succeeds there (the state it ran on is gone), or the node
+    /// cannot answer: the receipt is recorded all the same.
+    async fn revert_reason(&self, from: Address, row: &DueRow, block: u64) -> Option<String> {
+        let p = &row.payload;
+        let to: Address = p["to"].as_str()?.parse().ok()?;
+        let value = p["value"]
+            .as_str()
+            .and_then(|v| alloy::primitives::U256::from_str_radix(v, 10).ok())?;
+        let data = p["data"]
+            .as_str()
+            .and_then(|d| alloy::hex::decode(d.trim_start_matches("0x")).ok())?;
+        match self
+            .chain
+            .revert_data(from, to, value, data.into(), block)
+            .await
+        {
+            Ok(Some(revert)) => Some(txflow_core::revert::decode_revert(&revert)),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(tx_id = %row.tx_id, error = %e, "cannot read why the transaction reverted");
+                None
+            }
+        }
+    }
+
     /// Whether the transaction at `nonce` (no receipt for any of `hashes`) was proven REPLACED:
     /// the block where the signer's nonce passed ours holds none of our hashes.
     async fn prove(
@@ -319,7 +350,23 @@ impl ReceiptStage {
                         fencing_token: ctx.lease.token().0,
                     };
                     match decide::found(whose, attempt, &receipt) {
-                        Ok(f) => {
+                        Ok(mut f) => {
+                            if !receipt.status
+                                && let Ok(from) = &address
+                            {
+                                f.stored.revert_reason =
+                                    self.revert_reason(*from, row, receipt.block_number).await;
+                                tracing::warn!(
+                                    target: "txflow::alert",
+                                    event = TX_REVERTED,
+                                    %signer,
+                                    nonce,
+                                    tx_id = %row.tx_id,
+                                    block = receipt.block_number,
+                                    reason = f.stored.revert_reason.as_deref().unwrap_or("unknown"),
+                                    "a transaction was mined and reverted: its call had no effect, its fee was paid"
+                                );
+                            }
                             tracing::debug!(%signer, nonce, tx_id = %row.tx_id, attempt, block = f.stored.block_number, status = f.stored.status, "receipt found");
                             plan.found(f, row.tx_id)?;
                         }
@@ -372,6 +419,13 @@ impl ReceiptStage {
         store::end_resubmissions(&mut w, &ended).await?;
         store::schedule(&mut w, &plan.schedules).await?;
         tx.commit().await?;
+        metrics::get().tx_reverted(
+            key.chain_id,
+            plan.reverted
+                .iter()
+                .filter(|m| moved.contains(&m.row.tx_id))
+                .count() as u64,
+        );
 
         // On tx.receipts for the confirmation manager, and a copy on tx.outcomes for downstream.
         let skey = signer_key(key.chain_id.0, signer);

@@ -37,6 +37,9 @@ pub struct DueRow {
     pub stale_ms: Option<i64>,
     pub attempts: Option<Vec<i32>>,
     pub hashes: Option<Vec<String>>,
+    /// `managed_tx.payload`: the call (to, value, data), replayed at its block when it reverted
+    /// to read why.
+    pub payload: serde_json::Value,
 }
 
 /// One row of a transition: the transaction and its audit event (`tx_events.type` is the move's
@@ -186,7 +189,7 @@ pub async fn due(pool: &PgPool, key: &LeaseKey) -> Result<Vec<DueRow>, sqlx::Err
                  WHERE e.tx_id = m.tx_id AND e.type = ANY($3)) AS receipts_before,
                 (extract(epoch FROM now() - m.updated_at) * 1000)::bigint AS since_move_ms,
                 (extract(epoch FROM now() - m.receipt_stale_since) * 1000)::bigint AS stale_ms,
-                a.attempts, a.hashes
+                a.attempts, a.hashes, m.payload
          FROM managed_tx m
          JOIN LATERAL (SELECT array_agg(attempt ORDER BY attempt DESC) AS attempts,
                               array_agg(tx_hash ORDER BY attempt DESC) AS hashes

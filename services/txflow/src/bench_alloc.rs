@@ -112,6 +112,16 @@ impl ChainClient for InstantChain {
     fn balance(&self, _address: Address) -> ChainFuture<'_, U256> {
         Box::pin(async { Err(not_served("eth_getBalance")) })
     }
+    fn revert_data(
+        &self,
+        _from: Address,
+        _to: Address,
+        _value: U256,
+        _data: Bytes,
+        _block: u64,
+    ) -> ChainFuture<'_, Option<Bytes>> {
+        Box::pin(async { Err(not_served("eth_call")) })
+    }
 }
 
 /// A fresh random signer address (lowercase), so that every run starts at nonce 0.

@@ -35,12 +35,13 @@ use txflow_tests::{free_port, spawn_child, unique, wait_for, wait_until};
 const LONG: Duration = Duration::from_secs(300);
 
 /// The alerts the issue asks for (the file may hold more).
-const REQUIRED_ALERTS: [&str; 12] = [
+const REQUIRED_ALERTS: [&str; 13] = [
     "FencedWritesSpike",
     "ReceiptBacklogGrowing",
     "ResubmissionRateHigh",
     "SignerHeld",
     "DefensiveCancellation",
+    "TransactionsReverted",
     "ConservationViolation",
     "ConsumerLagHigh",
     "DeadLetters",

@@ -282,6 +282,7 @@ async fn every_role_process_serves_metrics_that_match_the_database_and_the_chain
         ("tx_create_total", vec![("result", "accepted")]),
         ("tx_reorg_total", vec![("depth", "deep")]),
         ("confirmations_newfork_total", vec![("chain_id", "31337")]),
+        ("tx_reverted_total", vec![("chain_id", "31337")]),
         ("conservation_violations_total", vec![]),
         (
             "fsm_transition_total",
