@@ -800,3 +800,88 @@ fn reverts_with_error(text: &str) -> Vec<u8> {
     code.extend_from_slice(&data);
     code
 }
+
+#[tokio::test]
+async fn a_submitted_transaction_whose_block_a_reorg_took_before_its_receipt_was_read_is_sent_again_and_mined_once()
+ {
+    let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
+    let mut p = Pipeline::prepare_on(anvil, 1, |c| c.resubmit_interval_ms = 500).await;
+    let config = p.config.clone();
+    let provider = p.provider();
+    // Blocks below ours, so that the reorg never reaches the genesis block.
+    provider.anvil_mine(Some(2), None).await.expect("mine");
+    // No receipt checker yet: the transaction stays SUBMITTED whatever the chain does.
+    p.start_stages(&config).await;
+    p.send(&p.request(0, "gap")).await;
+    wait_until("the request is SUBMITTED", LONG, || async {
+        count_in(&p, &["SUBMITTED"]).await == 1
+    })
+    .await;
+    let tx = recorded(&p).await.remove(0).tx_id;
+    provider.anvil_mine(Some(1), None).await.expect("mine");
+    // The broadcaster sees the chain's nonce past it and stops sending it again.
+    wait_until(
+        "the broadcaster stops resubmitting a mined transaction",
+        LONG,
+        || async {
+            p.count(&format!(
+                "SELECT count(*) FROM tx_attempts WHERE tx_id = '{tx}' AND next_resubmit_at IS NULL"
+            ))
+            .await
+                == 1
+        },
+    )
+    .await;
+    // A reorg takes its block before anyone read its receipt; the node does not put it back in
+    // its pool. The chain's nonce is 0 again, and nothing of ours is pending there: a gap.
+    let outsider = TransactionRequest::default()
+        .with_from(
+            "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266"
+                .parse::<Address>()
+                .expect("address"),
+        )
+        .with_to(SINK.parse::<Address>().expect("sink"))
+        .with_value(U256::from(1))
+        .with_gas_limit(21_000);
+    provider
+        .anvil_reorg(alloy::rpc::types::anvil::ReorgOptions {
+            depth: 1,
+            tx_block_pairs: vec![(alloy::rpc::types::anvil::TransactionData::JSON(outsider), 0)],
+        })
+        .await
+        .expect("anvil_reorg");
+    assert_eq!(
+        provider
+            .get_transaction_count(p.signers[0].address())
+            .await
+            .expect("nonce"),
+        0,
+        "the chain's nonce is back below ours"
+    );
+    assert_eq!(p.pool_status().await, ("0x0".into(), "0x0".into()));
+
+    // The receipt checker finds it pending again with nothing sending it: sent again.
+    p.start_receipt_checker(&config).await;
+    wait_until(
+        "its signed bytes are back in the node's pool",
+        LONG,
+        || async { p.pool_status().await.0 == "0x1" },
+    )
+    .await;
+    provider.anvil_mine(Some(1), None).await.expect("mine");
+    wait_until("the transaction is mined", LONG, || async {
+        count_in(&p, &["MINED"]).await == 1
+    })
+    .await;
+    assert_eq!(
+        p.mined_markers().await.get("txflow:gap"),
+        Some(&1),
+        "mined once"
+    );
+    assert_eq!(
+        p.count("SELECT count(*) FROM tx_attempts").await,
+        1,
+        "signed once"
+    );
+    p.stop().await;
+}

@@ -96,6 +96,7 @@ impl Handler for BroadcastStage {
         if ctx.recovery {
             funds = funds.and(self.send_cancellations(&ctx).await?);
             funds = funds.and(self.resubmit(&ctx).await?);
+            self.close_gap(&ctx).await?;
         }
         // A refusal for funds held the signer where it happened. The hold clears only when a node
         // took a send of this drive and none was refused for funds ([`Funds`]); a drive that
@@ -389,6 +390,62 @@ impl BroadcastStage {
             .collect())
     }
 
+    /// Closes a gap at the chain's nonce (issue 32 item 10): when txflow sent something for the
+    /// signer at or above the chain's latest nonce and the node holds nothing pending at it (a
+    /// reorg took the block that held our transaction there; nodes do not re-pool it), what
+    /// txflow signed for that nonce is sent again as it is — the defensive cancellation when a
+    /// deep reorg undid its transaction, else that transaction's latest attempt. The same bytes
+    /// can only ever be mined once. One nonce per recovery scan: the next scan looks again.
+    async fn close_gap(&self, ctx: &DriveCtx<'_>) -> Result<(), HandlerError> {
+        let key = ctx.lease.key();
+        let Some(highest) = store::highest_sent_nonce(ctx.pool, key)
+            .await
+            .map_err(db("highest sent nonce"))?
+        else {
+            return Ok(());
+        };
+        let address =
+            signer_address(key).map_err(|e| HandlerError::classified("signer address", e))?;
+        let latest = self
+            .chain
+            .latest_nonce(address)
+            .await
+            .map_err(|e| HandlerError::classified("latest nonce", e))?;
+        let Ok(at) = i64::try_from(latest) else {
+            return Ok(());
+        };
+        if at > highest {
+            return Ok(());
+        }
+        let pending = self
+            .chain
+            .pending_nonce(address)
+            .await
+            .map_err(|e| HandlerError::classified("pending nonce", e))?;
+        if pending > latest {
+            return Ok(());
+        }
+        let Some((what, tx_id, raw)) = store::signed_at_nonce(ctx.pool, key, at)
+            .await
+            .map_err(db("signed at nonce"))?
+        else {
+            return Ok(());
+        };
+        let sent = self.chain.send_raw(&raw).await;
+        tracing::warn!(
+            target: "txflow::reorg",
+            event = NONCE_GAP_RESENT,
+            signer = %key.signer,
+            nonce = at,
+            highest_sent = highest,
+            what,
+            %tx_id,
+            outcome = ?sent,
+            "nothing is pending at the chain's nonce below what txflow sent: its signed bytes for that nonce are sent again"
+        );
+        Ok(())
+    }
+
     /// Sends again, every `resubmit_interval`, the latest attempt of each submitted transaction
     /// the chain has not mined yet (a node may drop what it accepted); stops tracking the ones
     /// whose nonce the chain has passed. Holds the signer on "insufficient funds"; returns what
@@ -466,6 +523,12 @@ impl BroadcastStage {
         Ok(funds)
     }
 }
+
+/// The stable event name logged when the chain's nonce is below what txflow sent for the
+/// signer and nothing is pending at it: the signed bytes txflow holds for that nonce are sent
+/// again (a reorg took the block that held them, and nodes do not put reorged transactions back
+/// in their pool).
+pub const NONCE_GAP_RESENT: &str = "nonce_gap_resent";
 
 /// The stable event name of a defensive cancellation sent (WARN the first time a node takes it,
 /// INFO on every later send).

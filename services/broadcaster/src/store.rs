@@ -358,3 +358,75 @@ pub async fn cancellations_looked_at(
     .await
     .map(|_| ())
 }
+
+/// The highest nonce the signer has sent something at: a transaction that reached a node
+/// (SUBMITTED, MINED, REVERTED, CONFIRMED) or a defensive cancellation. `None`: nothing.
+pub async fn highest_sent_nonce(pool: &PgPool, key: &LeaseKey) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(&format!(
+        "SELECT max(n) FROM (
+             SELECT max(nonce) AS n FROM managed_tx
+             WHERE chain_id = $1 AND signer = $2 AND {}
+             UNION ALL
+             SELECT max(nonce) FROM tx_cancellations WHERE chain_id = $1 AND signer = $2) s",
+        txstore::state_in(
+            "state",
+            &[
+                TxState::Submitted,
+                TxState::Mined,
+                TxState::Reverted,
+                TxState::Confirmed
+            ]
+        )
+    ))
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .fetch_one(pool)
+    .await
+}
+
+/// What txflow signed for the signer's `nonce` and can send again as it is: the latest
+/// defensive cancellation of that nonce if there is one (a deep reorg undid the transaction
+/// that held it: the cancellation is what may take it), else the latest attempt of the
+/// transaction holding it that reached a node (SUBMITTED, MINED, REVERTED, CONFIRMED) and is
+/// not being re-evaluated after a deep reorg. `(what, tx_id, raw bytes)`.
+pub async fn signed_at_nonce(
+    pool: &PgPool,
+    key: &LeaseKey,
+    nonce: i64,
+) -> Result<Option<(&'static str, Uuid, Vec<u8>)>, sqlx::Error> {
+    let cancellation: Option<(Uuid, Vec<u8>)> = sqlx::query_as(
+        "SELECT tx_id, raw_tx FROM tx_cancellations
+         WHERE chain_id = $1 AND signer = $2 AND nonce = $3 ORDER BY created_at DESC LIMIT 1",
+    )
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(nonce)
+    .fetch_optional(pool)
+    .await?;
+    if let Some((tx_id, raw)) = cancellation {
+        return Ok(Some(("cancellation", tx_id, raw)));
+    }
+    let attempt: Option<(Uuid, Vec<u8>)> = sqlx::query_as(&format!(
+        "SELECT m.tx_id, a.raw_tx FROM managed_tx m
+         JOIN LATERAL (SELECT raw_tx FROM tx_attempts WHERE tx_id = m.tx_id
+                       ORDER BY attempt DESC LIMIT 1) a ON true
+         WHERE m.chain_id = $1 AND m.signer = $2 AND m.nonce = $3 AND m.reorged_at IS NULL
+           AND {}
+         LIMIT 1",
+        txstore::state_in(
+            "m.state",
+            &[
+                TxState::Submitted,
+                TxState::Mined,
+                TxState::Reverted,
+                TxState::Confirmed
+            ]
+        )
+    ))
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(nonce)
+    .fetch_optional(pool)
+    .await?;
+    Ok(attempt.map(|(tx_id, raw)| ("transaction", tx_id, raw)))
+}

@@ -37,6 +37,11 @@ use crate::store::{self, DueRow, Mined, Row, Schedule};
 /// scan takes the rest.
 const PROOFS_PER_DRIVE: usize = 8;
 
+/// The stable event name logged when the chain's nonce is back below a SUBMITTED transaction
+/// that nothing sends any more (the broadcaster stopped when it saw the nonce passed, then a
+/// reorg took the block): its latest attempt is scheduled to be sent again.
+pub const NONCE_GAP_CLOSED: &str = "nonce_gap_closed";
+
 /// The stable event name logged when a transaction is mined with status 0 (REVERTED), with the
 /// reason its call reverted when the chain tells it.
 pub const TX_REVERTED: &str = "tx_reverted";
@@ -147,6 +152,8 @@ struct Plan {
     replaced: Vec<Row>,
     /// The next lookup of the others.
     schedules: Vec<Schedule>,
+    /// Pending again (the chain's nonce not past theirs) while nothing sends them: sent again.
+    rearm: Vec<Uuid>,
     /// The announcement of each receipt, in nonce order, emitted if its row moved.
     emits: Vec<(Uuid, TxReceiptUpdated)>,
     /// Lookups that told nothing certain, and the first one's reason.
@@ -394,6 +401,21 @@ impl ReceiptStage {
                             continue;
                         }
                     }
+                    // The chain's nonce is not past ours (again: a reorg took the block that had
+                    // passed it), and the broadcaster stopped sending it when it saw it passed:
+                    // nothing would send it, and every later nonce would queue behind it.
+                    if staleness == Staleness::Pending && row.resubmit_stopped {
+                        tracing::warn!(
+                            target: "txflow::receipts",
+                            event = NONCE_GAP_CLOSED,
+                            %signer,
+                            nonce,
+                            tx_id = %row.tx_id,
+                            chain_nonce = ?latest,
+                            "the chain's nonce is back below a submitted transaction nothing sends: its latest attempt is sent again"
+                        );
+                        plan.rearm.push(row.tx_id);
+                    }
                     // Not proven (yet), or the proof waits for a later drive: the mark stays set.
                     plan.look_again(row.tx_id, after, staleness.mark());
                 }
@@ -418,6 +440,7 @@ impl ReceiptStage {
         let ended: Vec<Uuid> = moved.iter().chain(&gone).copied().collect();
         store::end_resubmissions(&mut w, &ended).await?;
         store::schedule(&mut w, &plan.schedules).await?;
+        store::rearm_resubmissions(&mut w, &plan.rearm).await?;
         tx.commit().await?;
         metrics::get().tx_reverted(
             key.chain_id,

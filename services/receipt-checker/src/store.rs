@@ -40,6 +40,9 @@ pub struct DueRow {
     /// `managed_tx.payload`: the call (to, value, data), replayed at its block when it reverted
     /// to read why.
     pub payload: serde_json::Value,
+    /// The broadcaster stopped sending its latest attempt again (`next_resubmit_at` NULL: it saw
+    /// the chain's nonce past this one). A reorg can bring the chain's nonce back below it.
+    pub resubmit_stopped: bool,
 }
 
 /// One row of a transition: the transaction and its audit event (`tx_events.type` is the move's
@@ -136,6 +139,35 @@ pub async fn end_resubmissions(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<()
     txstore::ids_or_fenced(w, "end resubmissions", out).map(|_| ())
 }
 
+/// Sends the latest attempt of these SUBMITTED transactions again (due now, on the broadcaster's
+/// schedule): the chain's nonce is not past theirs and nothing sends them — the broadcaster
+/// stopped when it saw the nonce passed, and a reorg took the block that had passed it (nodes do
+/// not put a reorged transaction back in their pool). Without it their nonce is a gap every later
+/// nonce of the signer queues behind. Attempts already due are left alone; `Fenced` when the
+/// lease is not current.
+pub async fn rearm_resubmissions(w: &mut Fenced<'_>, tx_ids: &[Uuid]) -> Result<(), FenceError> {
+    if tx_ids.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "WITH fence_ok AS (SELECT 1 AS ok WHERE {FENCE_PREDICATE}),
+         latest AS (
+             SELECT DISTINCT ON (tx_id) tx_id, attempt FROM tx_attempts
+             WHERE tx_id = ANY($6) ORDER BY tx_id, attempt DESC),
+         done AS (
+             UPDATE tx_attempts a SET next_resubmit_at = now()
+             FROM latest l
+             WHERE a.tx_id = l.tx_id AND a.attempt = l.attempt AND a.next_resubmit_at IS NULL
+               AND EXISTS (SELECT 1 FROM fence_ok)
+             RETURNING a.tx_id)
+         SELECT tx_id FROM done UNION ALL SELECT NULL FROM fence_ok"
+    );
+    let out: Vec<(Option<Uuid>,)> = w
+        .fetch_all("rearm resubmissions", &sql, |q| q.bind(tx_ids.to_vec()))
+        .await?;
+    txstore::ids_or_fenced(w, "rearm resubmissions", out).map(|_| ())
+}
+
 /// Schedules the next lookup of these SUBMITTED transactions (no state change) and sets or
 /// clears their stale marks. A row no longer SUBMITTED is left alone; `Fenced` when the lease is
 /// not current (a sentinel row tells the two apart).
@@ -189,7 +221,10 @@ pub async fn due(pool: &PgPool, key: &LeaseKey) -> Result<Vec<DueRow>, sqlx::Err
                  WHERE e.tx_id = m.tx_id AND e.type = ANY($3)) AS receipts_before,
                 (extract(epoch FROM now() - m.updated_at) * 1000)::bigint AS since_move_ms,
                 (extract(epoch FROM now() - m.receipt_stale_since) * 1000)::bigint AS stale_ms,
-                a.attempts, a.hashes, m.payload
+                a.attempts, a.hashes, m.payload,
+                coalesce((SELECT l.next_resubmit_at IS NULL FROM tx_attempts l
+                          WHERE l.tx_id = m.tx_id ORDER BY l.attempt DESC LIMIT 1), false)
+                    AS resubmit_stopped
          FROM managed_tx m
          JOIN LATERAL (SELECT array_agg(attempt ORDER BY attempt DESC) AS attempts,
                               array_agg(tx_hash ORDER BY attempt DESC) AS hashes
