@@ -393,8 +393,8 @@ impl BroadcastStage {
     /// Closes a gap at the chain's nonce (issue 32 item 10): when txflow sent something for the
     /// signer at or above the chain's latest nonce and the node holds nothing pending at it (a
     /// reorg took the block that held our transaction there; nodes do not re-pool it), what
-    /// txflow signed for that nonce is sent again as it is — the defensive cancellation when a
-    /// deep reorg undid its transaction, else that transaction's latest attempt. The same bytes
+    /// txflow signed for that nonce is sent again as it is — the latest attempt of the transaction
+    /// holding it (not being re-evaluated), else its defensive cancellation. The same bytes
     /// can only ever be mined once. One nonce per recovery scan: the next scan looks again.
     async fn close_gap(&self, ctx: &DriveCtx<'_>) -> Result<(), HandlerError> {
         let key = ctx.lease.key();

@@ -384,28 +384,16 @@ pub async fn highest_sent_nonce(pool: &PgPool, key: &LeaseKey) -> Result<Option<
     .await
 }
 
-/// What txflow signed for the signer's `nonce` and can send again as it is: the latest
-/// defensive cancellation of that nonce if there is one (a deep reorg undid the transaction
-/// that held it: the cancellation is what may take it), else the latest attempt of the
-/// transaction holding it that reached a node (SUBMITTED, MINED, REVERTED, CONFIRMED) and is
-/// not being re-evaluated after a deep reorg. `(what, tx_id, raw bytes)`.
+/// What txflow signed for the signer's `nonce` and can send again as it is: the latest attempt
+/// of the transaction holding it that reached a node (SUBMITTED, MINED, REVERTED, CONFIRMED) and
+/// is not being re-evaluated after a deep reorg (its outcome is recorded as that transaction's:
+/// only its own bytes may take the nonce), else the latest defensive cancellation of that nonce
+/// (a deep reorg undid the transaction that held it). `(what, tx_id, raw bytes)`.
 pub async fn signed_at_nonce(
     pool: &PgPool,
     key: &LeaseKey,
     nonce: i64,
 ) -> Result<Option<(&'static str, Uuid, Vec<u8>)>, sqlx::Error> {
-    let cancellation: Option<(Uuid, Vec<u8>)> = sqlx::query_as(
-        "SELECT tx_id, raw_tx FROM tx_cancellations
-         WHERE chain_id = $1 AND signer = $2 AND nonce = $3 ORDER BY created_at DESC LIMIT 1",
-    )
-    .bind(key.chain_id.0)
-    .bind(key.signer.as_str())
-    .bind(nonce)
-    .fetch_optional(pool)
-    .await?;
-    if let Some((tx_id, raw)) = cancellation {
-        return Ok(Some(("cancellation", tx_id, raw)));
-    }
     let attempt: Option<(Uuid, Vec<u8>)> = sqlx::query_as(&format!(
         "SELECT m.tx_id, a.raw_tx FROM managed_tx m
          JOIN LATERAL (SELECT raw_tx FROM tx_attempts WHERE tx_id = m.tx_id
@@ -428,5 +416,17 @@ pub async fn signed_at_nonce(
     .bind(nonce)
     .fetch_optional(pool)
     .await?;
-    Ok(attempt.map(|(tx_id, raw)| ("transaction", tx_id, raw)))
+    if let Some((tx_id, raw)) = attempt {
+        return Ok(Some(("transaction", tx_id, raw)));
+    }
+    let cancellation: Option<(Uuid, Vec<u8>)> = sqlx::query_as(
+        "SELECT tx_id, raw_tx FROM tx_cancellations
+         WHERE chain_id = $1 AND signer = $2 AND nonce = $3 ORDER BY created_at DESC LIMIT 1",
+    )
+    .bind(key.chain_id.0)
+    .bind(key.signer.as_str())
+    .bind(nonce)
+    .fetch_optional(pool)
+    .await?;
+    Ok(cancellation.map(|(tx_id, raw)| ("cancellation", tx_id, raw)))
 }
