@@ -408,6 +408,15 @@ pub const SEND_ERRORS: [(&str, SendClass, &str); 45] = [
     ),
 ];
 
+/// The call `from` → `to` (`value`, `data`) that `eth_estimateGas` and `eth_call` are asked.
+fn call_request(from: Address, to: Address, value: U256, data: Bytes) -> TransactionRequest {
+    TransactionRequest::default()
+        .from(from)
+        .to(to)
+        .value(value)
+        .input(data.into())
+}
+
 /// What a JSON-RPC error of `eth_estimateGas` says about the simulated call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimErrorClass {
@@ -879,11 +888,7 @@ impl Chain {
         data: Bytes,
         block: u64,
     ) -> Result<Option<Bytes>, ChainError> {
-        let tx = TransactionRequest::default()
-            .from(from)
-            .to(to)
-            .value(value)
-            .input(data.into());
+        let tx = call_request(from, to, value, data);
         let result = self
             .call("eth_call", |p| {
                 let tx = tx.clone();
@@ -935,11 +940,7 @@ impl Chain {
         value: U256,
         data: Bytes,
     ) -> Result<Simulation, ChainError> {
-        let tx = TransactionRequest::default()
-            .from(from)
-            .to(to)
-            .value(value)
-            .input(data.into());
+        let tx = call_request(from, to, value, data);
         let result = self
             .call("eth_estimateGas", |p| {
                 let tx = tx.clone();
