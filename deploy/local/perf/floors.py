@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What the work of one request costs each component alone (ARCHITECTURE.md, Performance, "What
-the ratio goal leaves per request"). Measurement only: nothing here is part of txflow.
+"""What the work of one request costs each component alone (docs/performance.md, "The floors").
+Measurement only: nothing here is part of txflow.
 
   floors.py pg DATABASE_URL            the state machine's writes alone, 2,000 requests
   floors.py cross-signer DATABASE_URL  a move per signer against one move for 50 signers (pgbench)
