@@ -339,6 +339,7 @@ impl Pipeline {
             metadata: Default::default(),
             depends_on_request_id: None,
             depends_on_signer: None,
+            submitted_by: None,
         }
     }
 
@@ -362,13 +363,24 @@ impl Pipeline {
     /// Publishes an operator command for transaction `tx_id`, keyed by (and naming) signer
     /// `signer`, requested by [`APPROVER`]: the transaction need not be that signer's.
     pub async fn command_as(&self, signer: usize, tx_id: &str, kind: TxCommandKind) {
+        self.command_by(signer, tx_id, kind, APPROVER).await;
+    }
+
+    /// [`Pipeline::command_as`], requested by `principal`.
+    pub async fn command_by(
+        &self,
+        signer: usize,
+        tx_id: &str,
+        kind: TxCommandKind,
+        principal: &str,
+    ) {
         let c = TxCommand {
             event_id: uuid::Uuid::new_v4().to_string(),
             tx_id: tx_id.to_string(),
             chain_id: 31337,
             signer: self.signer(signer),
             command: kind,
-            requested_by: APPROVER.into(),
+            requested_by: principal.into(),
             reason: Some("test".into()),
         };
         let topic = self.config.topics.tx_commands();

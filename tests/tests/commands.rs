@@ -210,6 +210,62 @@ async fn a_command_keyed_by_another_signer_is_dead_lettered_and_leaves_the_trans
     p.stop().await;
 }
 
+#[tokio::test]
+async fn an_approval_by_the_principal_that_submitted_the_request_is_dead_lettered_and_another_approves()
+ {
+    let p =
+        Pipeline::start_with(1, |c| c.policy_approval_threshold_wei = Some("1000".into())).await;
+    let dlq = dlq_consumer(&p);
+    let mut big = p.request(0, "big");
+    big.value = "5000".into();
+    big.submitted_by = Some("svc-a".into());
+    p.send(&big).await;
+    let waiting = wait_for("the request waits for approval", LONG, || async {
+        row(&p, "big")
+            .await
+            .filter(|r| r.state == "PENDING_APPROVAL")
+    })
+    .await;
+    let submitted_by: Option<String> =
+        sqlx::query_scalar("SELECT submitted_by FROM managed_tx WHERE request_id = 'big'")
+            .fetch_one(&p.db.pool)
+            .await
+            .expect("submitted_by");
+    assert_eq!(
+        submitted_by.as_deref(),
+        Some("svc-a"),
+        "who submitted it is recorded"
+    );
+
+    // The submitter approves its own request, straight on the topic (past the gateway).
+    p.command_by(0, &waiting.tx_id, TxCommandKind::Approve, "svc-a")
+        .await;
+    let untouched = || async {
+        let now = row(&p, "big").await.expect("the transaction");
+        assert_eq!(now, waiting, "a self-approval changes nothing");
+    };
+    let dead = dead_letters_until(
+        &dlq,
+        "the self-approval is dead-lettered",
+        |d| !d.is_empty(),
+        untouched,
+    )
+    .await;
+    assert_eq!(dead[0].code, "SELF_APPROVAL", "{dead:?}");
+    assert!(dead[0].message.contains("svc-a"), "{dead:?}");
+    assert_eq!(approved_by(&p, "big").await, None);
+
+    // Another principal approves: mined once, approved by them.
+    p.command(&waiting.tx_id, TxCommandKind::Approve).await;
+    wait_until("the approved transaction is mined", LONG, || async {
+        p.mined_count().await >= 1
+    })
+    .await;
+    assert_eq!(p.mined_markers().await.get("txflow:big"), Some(&1));
+    assert_eq!(approved_by(&p, "big").await.as_deref(), Some(APPROVER));
+    p.stop().await;
+}
+
 /// How an approved transaction's story ended, as the test waits for it.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {

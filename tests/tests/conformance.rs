@@ -499,6 +499,7 @@ fn request(n: u32, signer: &str) -> TxRequest {
         metadata: Default::default(),
         depends_on_request_id: None,
         depends_on_signer: None,
+        submitted_by: None,
     }
 }
 

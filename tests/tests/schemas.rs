@@ -39,6 +39,7 @@ fn tx_request() -> TxRequest {
         metadata: BTreeMap::from([("desk".to_string(), "treasury".to_string())]),
         depends_on_request_id: Some("invoice-2026-0000".into()),
         depends_on_signer: Some(SIGNER.into()),
+        submitted_by: Some("op-1".into()),
     }
 }
 fn tx_accepted() -> TxAccepted {

@@ -47,6 +47,7 @@ fn request(signer: &str, request_id: &str) -> TxRequest {
         metadata: Default::default(),
         depends_on_request_id: None,
         depends_on_signer: None,
+        submitted_by: None,
     }
 }
 

@@ -70,7 +70,12 @@ pub struct ValidRequest {
     /// is `(chain_id, depends_on_signer, depends_on_request_id)`. `Some` exactly when
     /// `depends_on_request_id` is.
     pub depends_on_signer: Option<Signer>,
+    /// Who submitted it (the gateway's principal), if it came through the gateway.
+    pub submitted_by: Option<String>,
 }
+
+/// The longest `submitted_by` accepted.
+pub const MAX_SUBMITTED_BY: usize = 128;
 
 fn decimal_u256(field: &str, v: &str) -> Result<U256, Rejection> {
     let bad = |why: &str| {
@@ -114,6 +119,15 @@ pub fn validate(r: &TxRequest, expected_chain: ChainId) -> Result<ValidRequest, 
         return Err(Rejection::new(
             "INVALID_DEPENDS_ON_SIGNER",
             "depends_on_signer names the signer of depends_on_request_id, which is absent",
+        ));
+    }
+    if r.submitted_by
+        .as_ref()
+        .is_some_and(|p| p.is_empty() || p.chars().count() > MAX_SUBMITTED_BY)
+    {
+        return Err(Rejection::new(
+            "INVALID_SUBMITTED_BY",
+            format!("submitted_by must have 1 to {MAX_SUBMITTED_BY} characters"),
         ));
     }
     if r.chain_id != expected_chain.0 {
@@ -205,6 +219,7 @@ pub fn validate(r: &TxRequest, expected_chain: ChainId) -> Result<ValidRequest, 
         max_priority_fee_per_gas,
         depends_on_request_id: r.depends_on_request_id.clone(),
         depends_on_signer,
+        submitted_by: r.submitted_by.clone(),
     })
 }
 
@@ -729,6 +744,22 @@ fn command_name(kind: TxCommandKind) -> &'static str {
 /// What command `c` does to its target. Approve and cancel act only on a transaction of the
 /// signer (and chain) the command is keyed by; a bump is the signer gateway's, ignored here
 /// whatever it names.
+/// Four eyes: an APPROVE by the principal that submitted the transaction is refused
+/// (`SELF_APPROVAL`), whatever reached the topic; the gateway refuses it first.
+pub fn four_eyes(c: &TxCommand, submitted_by: Option<&str>) -> Option<Rejection> {
+    (c.command == TxCommandKind::Approve && submitted_by == Some(c.requested_by.as_str())).then(
+        || {
+            Rejection::new(
+                "SELF_APPROVAL",
+                format!(
+                    "APPROVE of transaction {} by {}, who submitted it: another principal must approve",
+                    c.tx_id, c.requested_by
+                ),
+            )
+        },
+    )
+}
+
 pub fn decide_command(c: &TxCommand, target: &CommandTarget) -> CommandDecision {
     let kind = c.command;
     if kind == TxCommandKind::Bump {
@@ -820,6 +851,7 @@ mod tests {
             metadata: Default::default(),
             depends_on_request_id: None,
             depends_on_signer: None,
+            submitted_by: None,
         }
     }
 
@@ -1684,6 +1716,30 @@ mod tests {
             v.depends_on_signer.as_ref().map(Signer::as_str),
             Some("0x70997970c51812dc3a010c7d01b50e0d17dc79c8"),
             "normalised to lowercase"
+        );
+    }
+
+    #[test]
+    fn only_another_principal_may_approve() {
+        let c = |kind, by: &str| TxCommand {
+            event_id: "e".into(),
+            tx_id: "t".into(),
+            chain_id: 31337,
+            signer: "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266".into(),
+            command: kind,
+            requested_by: by.into(),
+            reason: None,
+        };
+        let refused = four_eyes(&c(TxCommandKind::Approve, "svc-a"), Some("svc-a"));
+        assert_eq!(refused.map(|r| r.code), Some("SELF_APPROVAL".to_string()));
+        assert_eq!(
+            four_eyes(&c(TxCommandKind::Approve, "op-1"), Some("svc-a")),
+            None
+        );
+        assert_eq!(four_eyes(&c(TxCommandKind::Approve, "svc-a"), None), None);
+        assert_eq!(
+            four_eyes(&c(TxCommandKind::Cancel, "svc-a"), Some("svc-a")),
+            None
         );
     }
 }

@@ -200,6 +200,7 @@ impl Handler for RequestStage {
             inputs.iter().map(|_| None).collect();
         let mut rows = Vec::with_capacity(inputs.len());
         let mut announced = Vec::with_capacity(inputs.len());
+        let mut submitters: Vec<(Uuid, String)> = Vec::new();
         for (k, r) in inputs.iter().enumerate() {
             let v = match decide::validate(r, self.config.chain_id) {
                 Ok(v) => v,
@@ -227,6 +228,9 @@ impl Handler for RequestStage {
                 payload: json(&decide::payload_of(&v))?,
                 audit: audit("TxAccepted", &accepted)?,
             });
+            if let Some(by) = &v.submitted_by {
+                submitters.push((tx_id, by.clone()));
+            }
             announced.push((
                 k,
                 tx_id,
@@ -250,6 +254,8 @@ impl Handler for RequestStage {
             .filter_map(|(_, tx_id, _, _, parent)| parent.clone().map(|p| (*tx_id, p)))
             .collect();
         store::record_dependencies(w, &dependencies).await?;
+        submitters.retain(|(tx_id, _)| created.contains(tx_id));
+        store::record_submitters(w, &submitters).await?;
         // Duplicates (of an earlier batch, or of a message earlier in this one).
         let duplicates: Vec<String> = announced
             .iter()
@@ -1149,6 +1155,12 @@ impl Handler for CommandStage {
                 None => CommandTarget::Unknown,
             },
         };
+        if c.command == TxCommandKind::Approve && matches!(target, CommandTarget::Own(_)) {
+            let by = store::submitted_by(w, tx_id).await?;
+            if let Some(rejection) = decide::four_eyes(c, by.as_deref()) {
+                return Err(HandlerError::Reject(rejection));
+            }
+        }
         let decision = decide::decide_command(c, &target);
         let row = match (decision.clone(), row) {
             // Dead-lettered with its code (the runtime reports it).

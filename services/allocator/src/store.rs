@@ -72,6 +72,55 @@ pub async fn recorded_requests(
     .await
 }
 
+/// Records who submitted new requests (`(tx_id, submitted_by)`), in the transaction that created
+/// them (RECEIVED): one fenced statement. Every row must be there; none is `Fenced`.
+pub async fn record_submitters(
+    w: &mut Fenced<'_>,
+    rows: &[(Uuid, String)],
+) -> Result<(), FenceError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
+    let by: Vec<&str> = rows.iter().map(|(_, p)| p.as_str()).collect();
+    let sql = format!(
+        "UPDATE managed_tx m SET submitted_by = u.by
+         FROM unnest($6::uuid[], $7::text[]) AS u(tx_id, by)
+         WHERE m.tx_id = u.tx_id AND {SIGNER_ROW} AND m.state = $8
+           AND {FENCE_PREDICATE}"
+    );
+    let touched = w
+        .execute("record submitters", &sql, |q| {
+            q.bind(ids).bind(by).bind(TxState::Received.as_str())
+        })
+        .await?;
+    if touched != rows.len() as u64 {
+        return Err(FenceError::Moved {
+            operation: "record submitters",
+            expected: rows.len(),
+            moved: usize::try_from(touched).unwrap_or(usize::MAX),
+        });
+    }
+    Ok(())
+}
+
+/// Who submitted a transaction of the writer's signer (`managed_tx.submitted_by`).
+pub async fn submitted_by(w: &mut Fenced<'_>, tx_id: Uuid) -> Result<Option<String>, FenceError> {
+    let key = w.lease().key().clone();
+    let rows: Vec<(Option<String>,)> = w
+        .read(
+            "submitted by",
+            sqlx::query_as(
+                "SELECT submitted_by FROM managed_tx WHERE tx_id = $1 AND chain_id = $2 AND signer = $3",
+            )
+            .bind(tx_id)
+            .bind(key.chain_id.0)
+            .bind(key.signer.as_str().to_string()),
+        )
+        .await?;
+    Ok(rows.into_iter().next().and_then(|(by,)| by))
+}
+
 /// Records what new requests depend on (`(tx_id, (depends_on_request_id, depends_on_signer))`),
 /// in the transaction that created them (RECEIVED): one fenced statement. Every row must be
 /// there; none is `Fenced`.

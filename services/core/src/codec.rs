@@ -342,6 +342,7 @@ mod tests {
                 .collect(),
             depends_on_request_id: None,
             depends_on_signer: None,
+            submitted_by: None,
         }
     }
 

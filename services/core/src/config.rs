@@ -957,13 +957,27 @@ pub const DEFAULT_GATEWAY_ADDR: &str = "127.0.0.1:8080";
 pub struct GatewaySettings {
     /// `gateway.addr` (`TXFLOW_GATEWAY_ADDR`, default [`DEFAULT_GATEWAY_ADDR`]).
     pub addr: String,
-    /// `gateway.jwt_alg` (`TXFLOW_GATEWAY_JWT_ALG`, `HS256` by default, or `RS256`).
+    /// `gateway.jwt_alg` (`TXFLOW_GATEWAY_JWT_ALG`, `HS256` by default, `RS256` or `ES256`): the
+    /// algorithm of the one key in `jwt_secret_file` / `jwt_public_key_file`.
     pub jwt_alg: JwtAlg,
     /// `gateway.jwt_secret_file` (`TXFLOW_GATEWAY_JWT_SECRET_FILE`): the HS256 shared secret.
     pub jwt_secret_file: Option<std::path::PathBuf>,
     /// `gateway.jwt_public_key_file` (`TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE`): the RS256 public key
-    /// (PEM).
+    /// (PEM), or the ES256 one (a P-256 public key, PEM).
     pub jwt_public_key_file: Option<std::path::PathBuf>,
+    /// `gateway.jwt_jwks_file` (`TXFLOW_GATEWAY_JWT_JWKS_FILE`): a JSON Web Key Set of the keys
+    /// tokens may be signed with, each chosen by its `kid` (several at once, for rotation). When
+    /// set, it replaces `jwt_alg` and the key files.
+    pub jwt_jwks_file: Option<std::path::PathBuf>,
+    /// `gateway.jwt_audience` (`TXFLOW_GATEWAY_JWT_AUDIENCE`, default [`DEFAULT_JWT_AUDIENCE`]):
+    /// a token's `aud` must name it.
+    pub jwt_audience: String,
+    /// `gateway.jwt_issuer` (`TXFLOW_GATEWAY_JWT_ISSUER`, default [`DEFAULT_JWT_ISSUER`]): a
+    /// token's `iss` must be it.
+    pub jwt_issuer: String,
+    /// `gateway.jwt_max_lifetime_secs` (`TXFLOW_GATEWAY_JWT_MAX_LIFETIME_SECS`, default 3600): a
+    /// token whose `exp - iat` is longer is refused.
+    pub jwt_max_lifetime_secs: u64,
     /// `gateway.rate_per_sec` (`TXFLOW_GATEWAY_RATE_PER_SEC`, default 10, seed 004 §1.5.6):
     /// transfer requests per second per user, per gateway process.
     pub rate_per_sec: u32,
@@ -983,6 +997,7 @@ pub struct GatewaySettings {
 pub enum JwtAlg {
     Hs256,
     Rs256,
+    Es256,
 }
 
 impl JwtAlg {
@@ -990,9 +1005,16 @@ impl JwtAlg {
         match self {
             JwtAlg::Hs256 => "HS256",
             JwtAlg::Rs256 => "RS256",
+            JwtAlg::Es256 => "ES256",
         }
     }
 }
+
+/// The default of `gateway.jwt_audience`.
+pub const DEFAULT_JWT_AUDIENCE: &str = "txflow";
+
+/// The default of `gateway.jwt_issuer`.
+pub const DEFAULT_JWT_ISSUER: &str = "txflow";
 
 impl Default for GatewaySettings {
     fn default() -> Self {
@@ -1001,6 +1023,10 @@ impl Default for GatewaySettings {
             jwt_alg: JwtAlg::Hs256,
             jwt_secret_file: None,
             jwt_public_key_file: None,
+            jwt_jwks_file: None,
+            jwt_audience: DEFAULT_JWT_AUDIENCE.into(),
+            jwt_issuer: DEFAULT_JWT_ISSUER.into(),
+            jwt_max_lifetime_secs: 3600,
             rate_per_sec: 10,
             rate_burst: 10,
             daily_count: 100,
@@ -1025,11 +1051,12 @@ impl GatewaySettings {
             self.jwt_alg = match v.as_str() {
                 "HS256" => JwtAlg::Hs256,
                 "RS256" => JwtAlg::Rs256,
+                "ES256" => JwtAlg::Es256,
                 _ => {
                     return Err(ConfigError::Invalid {
                         var: "TXFLOW_GATEWAY_JWT_ALG",
                         value: v,
-                        why: "expected HS256 or RS256",
+                        why: "expected HS256, RS256 or ES256",
                     });
                 }
             };
@@ -1051,6 +1078,26 @@ impl GatewaySettings {
         if let Some(v) = lookup("TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE") {
             self.jwt_public_key_file = path("TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE", v)?;
         }
+        if let Some(v) = lookup("TXFLOW_GATEWAY_JWT_JWKS_FILE") {
+            self.jwt_jwks_file = path("TXFLOW_GATEWAY_JWT_JWKS_FILE", v)?;
+        }
+        let name = |var: &'static str, v: String| {
+            if v.trim().is_empty() || v.trim() != v {
+                Err(ConfigError::Invalid {
+                    var,
+                    value: v,
+                    why: "expected a name, without surrounding spaces",
+                })
+            } else {
+                Ok(v)
+            }
+        };
+        if let Some(v) = lookup("TXFLOW_GATEWAY_JWT_AUDIENCE") {
+            self.jwt_audience = name("TXFLOW_GATEWAY_JWT_AUDIENCE", v)?;
+        }
+        if let Some(v) = lookup("TXFLOW_GATEWAY_JWT_ISSUER") {
+            self.jwt_issuer = name("TXFLOW_GATEWAY_JWT_ISSUER", v)?;
+        }
         let whole = |var: &'static str, v: String, max: u64| match v.trim().parse::<u64>() {
             Ok(n) if (1..=max).contains(&n) => Ok(n),
             _ => Err(ConfigError::Invalid {
@@ -1070,6 +1117,9 @@ impl GatewaySettings {
         }
         if let Some(v) = lookup("TXFLOW_GATEWAY_TIMEOUT_MS") {
             self.timeout_ms = whole("TXFLOW_GATEWAY_TIMEOUT_MS", v, 600_000)?;
+        }
+        if let Some(v) = lookup("TXFLOW_GATEWAY_JWT_MAX_LIFETIME_SECS") {
+            self.jwt_max_lifetime_secs = whole("TXFLOW_GATEWAY_JWT_MAX_LIFETIME_SECS", v, 86_400)?;
         }
         Ok(())
     }

@@ -95,6 +95,13 @@ pub const KEYS: &[(&str, &str)] = &[
         "gateway.jwt_public_key_file",
         "TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE",
     ),
+    ("gateway.jwt_jwks_file", "TXFLOW_GATEWAY_JWT_JWKS_FILE"),
+    ("gateway.jwt_audience", "TXFLOW_GATEWAY_JWT_AUDIENCE"),
+    ("gateway.jwt_issuer", "TXFLOW_GATEWAY_JWT_ISSUER"),
+    (
+        "gateway.jwt_max_lifetime_secs",
+        "TXFLOW_GATEWAY_JWT_MAX_LIFETIME_SECS",
+    ),
     ("gateway.rate_per_sec", "TXFLOW_GATEWAY_RATE_PER_SEC"),
     ("gateway.rate_burst", "TXFLOW_GATEWAY_RATE_BURST"),
     ("gateway.daily_count", "TXFLOW_GATEWAY_DAILY_COUNT"),
@@ -290,10 +297,14 @@ pub struct TransferSection {
 #[serde(deny_unknown_fields, default)]
 pub struct GatewaySection {
     pub addr: Option<String>,
-    /// `HS256` or `RS256`.
+    /// `HS256`, `RS256` or `ES256`.
     pub jwt_alg: Option<String>,
     pub jwt_secret_file: Option<PathBuf>,
     pub jwt_public_key_file: Option<PathBuf>,
+    pub jwt_jwks_file: Option<PathBuf>,
+    pub jwt_audience: Option<String>,
+    pub jwt_issuer: Option<String>,
+    pub jwt_max_lifetime_secs: Option<u64>,
     pub rate_per_sec: Option<u32>,
     pub rate_burst: Option<u32>,
     pub daily_count: Option<u32>,
@@ -550,7 +561,7 @@ impl ConfigFile {
             ),
         ];
         let g = &s.gateway;
-        let gateway: [(&'static str, Option<String>); 8] = [
+        let gateway: [(&'static str, Option<String>); 12] = [
             ("TXFLOW_GATEWAY_ADDR", g.addr.clone()),
             ("TXFLOW_GATEWAY_JWT_ALG", g.jwt_alg.clone()),
             (
@@ -560,6 +571,16 @@ impl ConfigFile {
             (
                 "TXFLOW_GATEWAY_JWT_PUBLIC_KEY_FILE",
                 g.jwt_public_key_file.as_deref().map(path),
+            ),
+            (
+                "TXFLOW_GATEWAY_JWT_JWKS_FILE",
+                g.jwt_jwks_file.as_deref().map(path),
+            ),
+            ("TXFLOW_GATEWAY_JWT_AUDIENCE", g.jwt_audience.clone()),
+            ("TXFLOW_GATEWAY_JWT_ISSUER", g.jwt_issuer.clone()),
+            (
+                "TXFLOW_GATEWAY_JWT_MAX_LIFETIME_SECS",
+                g.jwt_max_lifetime_secs.map(|v| v.to_string()),
             ),
             (
                 "TXFLOW_GATEWAY_RATE_PER_SEC",
@@ -768,6 +789,10 @@ impl ConfigFile {
                 // Paths, never the keys.
                 jwt_secret_file: gateway.jwt_secret_file.clone(),
                 jwt_public_key_file: gateway.jwt_public_key_file.clone(),
+                jwt_jwks_file: gateway.jwt_jwks_file.clone(),
+                jwt_audience: Some(gateway.jwt_audience.clone()),
+                jwt_issuer: Some(gateway.jwt_issuer.clone()),
+                jwt_max_lifetime_secs: Some(gateway.jwt_max_lifetime_secs),
                 rate_per_sec: Some(gateway.rate_per_sec),
                 rate_burst: Some(gateway.rate_burst),
                 daily_count: Some(gateway.daily_count),

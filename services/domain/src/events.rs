@@ -121,6 +121,11 @@ pub struct TxRequest {
     /// `request_id` alone. Added with a `null` default.
     #[serde(default)]
     pub depends_on_signer: Option<String>,
+    /// Who submitted it: the gateway's authenticated principal (the token's `sub`), recorded
+    /// as `managed_tx.submitted_by`; an approval by the same principal is refused (four eyes).
+    /// `None` for a request produced to the topic directly. Added with a `null` default.
+    #[serde(default)]
+    pub submitted_by: Option<String>,
 }
 event!(TxRequest, "tx_request.avsc");
 

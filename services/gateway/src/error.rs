@@ -17,6 +17,10 @@ pub const NOT_FOUND: &str = "NOT_FOUND";
 /// code, with 503.
 pub const SERVICE_HALTED: &str = "SERVICE_HALTED";
 
+/// An approval by the principal that submitted the transaction (four eyes): the gateway's own
+/// code, with 403.
+pub const SELF_APPROVAL: &str = "SELF_APPROVAL";
+
 /// The longest message sent.
 const MAX_MESSAGE: usize = 200;
 
@@ -32,7 +36,7 @@ pub struct ApiError {
 pub struct ErrorBody {
     /// The seed's code (seed 004 §1.5, §8.1: `UNAUTHORIZED`, `FORBIDDEN`, `INVALID_REQUEST`,
     /// `INVALID_AMOUNT`, `RATE_LIMIT_EXCEEDED`, `DUPLICATE_REQUEST`, `SYSTEM_ERROR`, …) or the
-    /// gateway's own (`NOT_FOUND`, `SERVICE_HALTED`).
+    /// gateway's own (`NOT_FOUND`, `SERVICE_HALTED`, `SELF_APPROVAL`).
     #[schema(example = "INVALID_REQUEST")]
     pub code: String,
     /// A short human-readable explanation.
@@ -144,6 +148,15 @@ impl ApiError {
 
     pub fn not_found() -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, NOT_FOUND, "no such transfer")
+    }
+
+    /// The approver submitted the transaction: 403 SELF_APPROVAL.
+    pub fn self_approval() -> ApiError {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            SELF_APPROVAL,
+            "the submitter of a transaction may not approve it: another principal must",
+        )
     }
 
     pub fn tx_not_found() -> ApiError {

@@ -236,7 +236,7 @@ pub async fn create_transfer(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<TransferView>), ApiError> {
     // 1. Authentication.
-    let user = s.0.verifier.user(&headers)?;
+    let user = s.0.verifier.transfer_user(&headers)?;
     // The body: bounded, JSON, a transfer request.
     let req: TransferBody = json_body(&headers, body, s.0.body_limit, "a transfer request")?;
     // 2. Authorisation: the request acts for the token's user only.
@@ -385,7 +385,7 @@ pub async fn get_transfer(
     headers: HeaderMap,
     Path(req_id): Path<String>,
 ) -> Result<Json<TransferView>, ApiError> {
-    let user = s.0.verifier.user(&headers)?;
+    let user = s.0.verifier.transfer_user(&headers)?;
     if check_id("req_id", &req_id).is_err() {
         return Err(ApiError::not_found());
     }

@@ -18,7 +18,7 @@
 //!   is answered (the original, or DUPLICATE_REQUEST) before the daily limits are checked: a
 //!   replay never counts twice, and is answered even when the user is at a limit.
 //! - The tx endpoints: a TxRequest published to `tx.requests`, reads of `managed_tx`, and
-//!   approve / cancel as TxCommands on `tx.commands` (operator tokens only), all keyed
+//!   approve / cancel as TxCommands on `tx.commands` (tokens with the scope for the signer), all keyed
 //!   `{chain_id}:{signer}`.
 //! - `/healthz`, `/readyz` (database and broker), its OpenAPI document at `/openapi.json`
 //!   (generated with utoipa, checked in as `services/gateway/openapi.json`), and `/metrics` (the
@@ -30,7 +30,9 @@
 //!
 //! - `config.rs`: its settings (`gateway.*`, plus the shared broker, registry, topics and chain)
 //!   and the JWT key read at start;
-//! - `auth.rs`: the bearer token's verification, and the operator role;
+//! - `auth.rs`: the bearer token's verification (keys by `kid`, audience, issuer, lifetime)
+//!   and its scopes;
+//! - `audit.rs`: the audit log's read endpoint;
 //! - `rate.rs`: the per-user token bucket;
 //! - `store.rs`: the SQL on `transfers` (the INIT row within the daily limits), `assets`, the
 //!   halt flag and the reads of `managed_tx`;
@@ -40,6 +42,7 @@
 //! - `openapi.rs`: the OpenAPI document;
 //! - `error.rs`: `{code, message}` errors.
 
+pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod error;
@@ -172,7 +175,7 @@ pub async fn serve(
         })?;
     tracing::info!(
         addr = %gateway.addr,
-        jwt_alg = gateway.verifier.alg().as_str(),
+        jwt_algs = ?gateway.verifier.algs(),
         rate_per_sec = gateway.rate_per_sec,
         rate_burst = gateway.rate_burst,
         daily_count = gateway.daily_count,

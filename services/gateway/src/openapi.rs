@@ -7,7 +7,7 @@ use serde_json::Value;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::{error, handler, tx};
+use crate::{audit, error, handler, tx};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -16,8 +16,13 @@ use crate::{error, handler, tx};
         description = "The HTTP API of txflow: internal transfers (seed 004 §8) and the \
             transaction pipeline's tx endpoints (ARCHITECTURE §8). Errors are JSON \
             `{code, message}`. Every /api/v1 endpoint needs `Authorization: Bearer <JWT>` \
-            (HS256 or RS256 as configured; `exp` and `sub` required); approving and \
-            cancelling a transaction needs the claim `role: \"operator\"`.",
+            (HS256, RS256 or ES256, chosen by `kid` among the configured keys; `sub`, `iat`, \
+            `exp`, `aud` and `iss` required) and grants only what the token's OAuth `scope` \
+            claim (space-separated) names: `transfer` (the token's own transfers), \
+            `tx:submit:<signer>`, `tx:read:<signer>`, `tx:approve:<signer>`, \
+            `tx:cancel:<signer>` (`<signer>` an address or `*`) and `audit:read`. For example \
+            `{\"sub\": \"ops-1\", \"scope\": \"tx:read:* tx:approve:0xf39f…2266\", …}`. \
+            Default deny.",
         license(name = "MIT OR Apache-2.0"),
     ),
     paths(
@@ -28,6 +33,7 @@ use crate::{error, handler, tx};
         tx::get_tx_by_request,
         tx::approve_tx,
         tx::cancel_tx,
+        audit::get_audit,
         handler::healthz,
         handler::readyz,
         handler::openapi,
@@ -38,6 +44,7 @@ use crate::{error, handler, tx};
     tags(
         (name = "transfers", description = "Internal transfers between FUNDING and SPOT (seed 004)"),
         (name = "tx", description = "The transaction pipeline: requests, reads, approval and cancellation"),
+        (name = "audit", description = "Who submitted, approved and cancelled what"),
         (name = "operations", description = "Liveness, readiness, metrics and this document"),
     )
 )]
@@ -119,6 +126,7 @@ mod tests {
             ("/api/v1/tx/by-request", "get"),
             ("/api/v1/tx/{tx_id}/approve", "post"),
             ("/api/v1/tx/{tx_id}/cancel", "post"),
+            ("/api/v1/audit", "get"),
             ("/healthz", "get"),
             ("/readyz", "get"),
             ("/openapi.json", "get"),
@@ -126,7 +134,7 @@ mod tests {
         ] {
             assert!(paths[path][method].is_object(), "{method} {path}");
         }
-        assert_eq!(paths.len(), 11, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 12, "{:?}", paths.keys().collect::<Vec<_>>());
         assert_eq!(
             doc["components"]["securitySchemes"]["bearer"]["scheme"],
             "bearer"

@@ -14,12 +14,12 @@ use axum::routing::{MethodRouter, get, post};
 use crate::config::TX_BODY_LIMIT;
 use crate::error::{ApiError, ErrorCode};
 use crate::handler::{self, AppState};
-use crate::tx;
+use crate::{audit, tx};
 
 /// The API's routes, with the body limits, the per-request timeout and the request counters.
 pub fn router(state: AppState, timeout: Duration) -> Router {
     let body_limit = state.0.body_limit;
-    let routes: [(&'static str, MethodRouter<AppState>); 11] = [
+    let routes: [(&'static str, MethodRouter<AppState>); 12] = [
         ("/api/v1/internal_transfer", post(handler::create_transfer)),
         (
             "/api/v1/internal_transfer/{req_id}",
@@ -33,6 +33,7 @@ pub fn router(state: AppState, timeout: Duration) -> Router {
         ("/api/v1/tx/{tx_id}", get(tx::get_tx)),
         ("/api/v1/tx/{tx_id}/approve", post(tx::approve_tx)),
         ("/api/v1/tx/{tx_id}/cancel", post(tx::cancel_tx)),
+        ("/api/v1/audit", get(audit::get_audit)),
         ("/healthz", get(handler::healthz)),
         ("/readyz", get(handler::readyz)),
         ("/openapi.json", get(handler::openapi)),

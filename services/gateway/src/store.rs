@@ -315,6 +315,7 @@ pub struct TxRow {
     pub hold_reason: Option<String>,
     pub depends_on_request_id: Option<String>,
     pub depends_on_signer: Option<String>,
+    pub submitted_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub confirmed_at: Option<DateTime<Utc>>,
@@ -327,7 +328,8 @@ const TX_COLUMNS: &str = "m.tx_id, m.request_id, m.chain_id, m.signer, m.kind, m
          ORDER BY a.attempt DESC LIMIT 1)) AS tx_hash, \
      (SELECT count(*) FROM tx_attempts a WHERE a.tx_id = m.tx_id) AS attempts, \
      m.required_confirmations, m.mined_block_number, m.mined_block_hash, m.approved_by, \
-     m.approved_at, m.hold_reason, m.depends_on_request_id, m.depends_on_signer, m.created_at, m.updated_at, \
+     m.approved_at, m.hold_reason, m.depends_on_request_id, m.depends_on_signer, m.submitted_by, m.created_at, \
+     m.updated_at, \
      m.confirmed_at";
 
 /// The transaction `tx_id`.
@@ -358,4 +360,102 @@ pub async fn tx_by_request(
         .fetch_optional(pool)
         .await
         .map_err(db("read a transaction by request"))
+}
+
+/// The actions the audit log records (`gateway_audit.action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditAction {
+    Submit,
+    Approve,
+    Cancel,
+}
+
+impl AuditAction {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AuditAction::Submit => "tx.submit",
+            AuditAction::Approve => "tx.approve",
+            AuditAction::Cancel => "tx.cancel",
+        }
+    }
+}
+
+/// What came of an audited action (`gateway_audit.outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditOutcome {
+    /// Authorized (written before publishing: nothing is published unrecorded).
+    Allowed,
+    /// Refused, with its code.
+    Refused,
+    /// After an `Allowed` row: the broker did not take it (the caller got 503).
+    Unpublished,
+}
+
+impl AuditOutcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AuditOutcome::Allowed => "allowed",
+            AuditOutcome::Refused => "refused",
+            AuditOutcome::Unpublished => "unpublished",
+        }
+    }
+}
+
+/// One `gateway_audit` row to write.
+#[derive(Debug, Clone)]
+pub struct AuditEntry<'a> {
+    pub principal: &'a str,
+    pub action: AuditAction,
+    pub target: &'a str,
+    pub outcome: AuditOutcome,
+    pub code: Option<&'a str>,
+    pub detail: Option<&'a str>,
+}
+
+/// Appends an audit row (the table refuses updates and deletes).
+pub async fn audit(pool: &PgPool, e: &AuditEntry<'_>) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO gateway_audit (principal, action, target, outcome, code, detail) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(e.principal)
+    .bind(e.action.as_str())
+    .bind(e.target)
+    .bind(e.outcome.as_str())
+    .bind(e.code)
+    .bind(e.detail)
+    .execute(pool)
+    .await
+    .map(|_| ())
+    .map_err(db("write an audit row"))
+}
+
+/// A `gateway_audit` row as read.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AuditRow {
+    pub audit_id: i64,
+    pub at: DateTime<Utc>,
+    pub principal: String,
+    pub action: String,
+    pub target: String,
+    pub outcome: String,
+    pub code: Option<String>,
+    pub detail: Option<String>,
+}
+
+/// Audit rows after `after` (an `audit_id`), oldest first, at most `limit`.
+pub async fn audit_page(
+    pool: &PgPool,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<AuditRow>, StoreError> {
+    sqlx::query_as(
+        "SELECT audit_id, at, principal, action, target, outcome, code, detail \
+         FROM gateway_audit WHERE audit_id > $1 ORDER BY audit_id LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+    .map_err(db("read the audit log"))
 }

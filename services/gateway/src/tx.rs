@@ -1,6 +1,9 @@
 //! The tx endpoints (shared ARCHITECTURE §8): the transaction pipeline's upstream contract over
-//! HTTP. They are operator endpoints: any valid token may submit and read transactions; approving
-//! and cancelling one needs `"role": "operator"` in the token (403 FORBIDDEN otherwise).
+//! HTTP. Each needs its scope for the transaction's signer (`tx:submit:<signer>`, `tx:read:…`,
+//! `tx:approve:…`, `tx:cancel:…`; see `auth`): 403 FORBIDDEN without it. A transaction of a
+//! signer the token may not read is 404 NOT_FOUND, as one that does not exist: its existence
+//! does not leak. Every submit, approve and cancel, allowed or refused, is a `gateway_audit`
+//! row; an approval by the transaction's submitter is 403 SELF_APPROVAL (four eyes).
 //!
 //! - `POST /api/v1/tx`: a TxRequest (ARCHITECTURE §2) as JSON, checked here as the allocator
 //!   checks it (the allocator stays the authority), published to `tx.requests` keyed
@@ -26,11 +29,12 @@ use txflow_core::events::{TxCommand, TxCommandKind, TxRequest};
 use txflow_core::kafka::signer_key;
 use utoipa::{IntoParams, ToSchema};
 
+use crate::auth::{Caller, TxAction};
 use crate::config::{MAX_TX_DATA_BYTES, TX_BODY_LIMIT};
 use crate::error::{ApiError, ErrorBody};
 use crate::handler::{AppState, json_body};
 use crate::publish::traceparent_of;
-use crate::store::{self, TxRow};
+use crate::store::{self, AuditAction, AuditEntry, AuditOutcome, TxRow};
 
 /// The longest `request_id` (ARCHITECTURE §2).
 pub const MAX_REQUEST_ID: usize = 64;
@@ -133,6 +137,9 @@ pub struct TxView {
     pub depends_on_request_id: Option<String>,
     /// The signer of the request it depends on.
     pub depends_on_signer: Option<String>,
+    /// Who submitted it through the gateway (its token's `sub`); none for a request produced
+    /// to `tx.requests` directly.
+    pub submitted_by: Option<String>,
     pub created_at: String,
     pub updated_at: String,
     pub confirmed_at: Option<String>,
@@ -172,6 +179,7 @@ impl From<TxRow> for TxView {
             hold_reason: r.hold_reason,
             depends_on_signer,
             depends_on_request_id: r.depends_on_request_id,
+            submitted_by: r.submitted_by,
             created_at: time(r.created_at),
             updated_at: time(r.updated_at),
             confirmed_at: r.confirmed_at.map(time),
@@ -346,6 +354,7 @@ pub fn validate_tx(b: &TxBody, chain_id: i64, event_id: String) -> Result<TxRequ
         metadata: b.metadata.clone(),
         depends_on_request_id: b.depends_on_request_id.clone(),
         depends_on_signer: depends_on_signer.map(|s| s.as_str().to_string()),
+        submitted_by: None,
     })
 }
 
@@ -360,6 +369,7 @@ pub fn validate_tx(b: &TxBody, chain_id: i64, event_id: String) -> Result<TxRequ
         (status = 202, description = "Published to tx.requests", body = TxAccepted),
         (status = 400, description = "INVALID_REQUEST", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: the token lacks tx:submit for the signer", body = ErrorBody),
         (status = 413, description = "The body is too large", body = ErrorBody),
         (status = 415, description = "The body is not JSON", body = ErrorBody),
         (status = 503, description = "SYSTEM_ERROR: the broker did not acknowledge; retry (the same request_id is one transaction)", body = ErrorBody),
@@ -372,17 +382,24 @@ pub async fn create_tx(
 ) -> Result<(StatusCode, Json<TxAccepted>), ApiError> {
     let caller = s.0.verifier.caller(&headers)?;
     let b: TxBody = json_body(&headers, body, TX_BODY_LIMIT, "a tx request")?;
-    let event = validate_tx(&b, s.0.chain_id, uuid::Uuid::new_v4().to_string())?;
+    let mut event = validate_tx(&b, s.0.chain_id, uuid::Uuid::new_v4().to_string())?;
+    let target = format!("{}/{}/{}", event.chain_id, event.signer, event.request_id);
+    if let Err(e) = caller.require_tx(TxAction::Submit, &event.signer) {
+        return Err(refuse(&s, &caller, AuditAction::Submit, &target, e).await);
+    }
+    event.submitted_by = Some(caller.user.clone());
     let key = signer_key(event.chain_id, &event.signer);
-    s.0.publisher
-        .publish(
-            &s.0.topics.tx_requests(),
-            &key,
-            &event,
-            &traceparent_of(&headers),
-        )
-        .await
-        .map_err(ApiError::publish)?;
+    audited(&s, &caller, AuditAction::Submit, &target, async {
+        s.0.publisher
+            .publish(
+                &s.0.topics.tx_requests(),
+                &key,
+                &event,
+                &traceparent_of(&headers),
+            )
+            .await
+    })
+    .await?;
     tracing::info!(
         request_id = %event.request_id,
         chain_id = event.chain_id,
@@ -402,6 +419,62 @@ pub async fn create_tx(
     ))
 }
 
+/// Records a refusal in the audit log and returns it. A failed audit write does not turn the
+/// refusal into anything else (nothing was done); it is logged.
+async fn refuse(
+    s: &AppState,
+    caller: &Caller,
+    action: AuditAction,
+    target: &str,
+    e: ApiError,
+) -> ApiError {
+    let entry = AuditEntry {
+        principal: &caller.user,
+        action,
+        target,
+        outcome: AuditOutcome::Refused,
+        code: Some(e.code),
+        detail: Some(&e.message),
+    };
+    if let Err(w) = store::audit(&s.0.pool, &entry).await {
+        tracing::error!(error = %w, principal = %caller.user, action = action.as_str(), target, "gateway: a refusal could not be audited");
+    }
+    e
+}
+
+/// Audits an authorized action, then publishes it: nothing is published without its `allowed`
+/// row (no row, no publish: 503), and a publish the broker refused adds an `unpublished` row.
+async fn audited<F>(
+    s: &AppState,
+    caller: &Caller,
+    action: AuditAction,
+    target: &str,
+    publish: F,
+) -> Result<(), ApiError>
+where
+    F: std::future::Future<Output = Result<(), crate::publish::PublishError>>,
+{
+    let mut entry = AuditEntry {
+        principal: &caller.user,
+        action,
+        target,
+        outcome: AuditOutcome::Allowed,
+        code: None,
+        detail: None,
+    };
+    store::audit(&s.0.pool, &entry).await?;
+    if let Err(e) = publish.await {
+        let answer = ApiError::publish(e);
+        entry.outcome = AuditOutcome::Unpublished;
+        entry.code = Some(answer.code);
+        if let Err(w) = store::audit(&s.0.pool, &entry).await {
+            tracing::error!(error = %w, principal = %caller.user, action = action.as_str(), target, "gateway: an unpublished action could not be audited");
+        }
+        return Err(answer);
+    }
+    Ok(())
+}
+
 /// A path's `tx_id`: a UUID, or not found.
 fn tx_id(raw: &str) -> Result<uuid::Uuid, ApiError> {
     uuid::Uuid::parse_str(raw).map_err(|_| ApiError::tx_not_found())
@@ -417,6 +490,7 @@ fn tx_id(raw: &str) -> Result<uuid::Uuid, ApiError> {
     responses(
         (status = 200, description = "The transaction", body = TxView),
         (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: the token has no tx:read scope at all (a transaction of a signer it may not read is 404)", body = ErrorBody),
         (status = 404, description = "NOT_FOUND", body = ErrorBody),
         (status = 503, description = "SYSTEM_ERROR", body = ErrorBody),
     )
@@ -426,10 +500,13 @@ pub async fn get_tx(
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<Json<TxView>, ApiError> {
-    s.0.verifier.caller(&headers)?;
+    let caller = s.0.verifier.caller(&headers)?;
+    caller.require_some(TxAction::Read)?;
     let id = tx_id(&raw)?;
     store::tx_by_id(&s.0.pool, id)
         .await?
+        // Another signer's transaction is not found, as one that does not exist.
+        .filter(|r| caller.scopes.may(TxAction::Read, &r.signer))
         .map(|r| Json(r.into()))
         .ok_or_else(ApiError::tx_not_found)
 }
@@ -445,6 +522,7 @@ pub async fn get_tx(
         (status = 200, description = "The transaction", body = TxView),
         (status = 400, description = "INVALID_REQUEST: a missing or malformed parameter", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: the token lacks tx:read for the signer named", body = ErrorBody),
         (status = 404, description = "NOT_FOUND (also while the request is not recorded yet)", body = ErrorBody),
         (status = 503, description = "SYSTEM_ERROR", body = ErrorBody),
     )
@@ -454,17 +532,20 @@ pub async fn get_tx_by_request(
     headers: HeaderMap,
     query: Result<Query<ByRequest>, QueryRejection>,
 ) -> Result<Json<TxView>, ApiError> {
-    s.0.verifier.caller(&headers)?;
+    let caller = s.0.verifier.caller(&headers)?;
     let Query(q) = query.map_err(|e| invalid(format!("the query: {}", e.body_text())))?;
     let signer = Signer::parse(&q.signer).map_err(|e| invalid(format!("signer: {e}")))?;
     check_request_id("request_id", &q.request_id)?;
+    // The caller names the signer: refusing it tells nothing of any transaction.
+    caller.require_tx(TxAction::Read, signer.as_str())?;
     store::tx_by_request(&s.0.pool, q.chain_id, signer.as_str(), &q.request_id)
         .await?
         .map(|r| Json(r.into()))
         .ok_or_else(ApiError::tx_not_found)
 }
 
-/// Approves a transaction awaiting approval (PENDING_APPROVAL). Needs `role = "operator"`.
+/// Approves a transaction awaiting approval (PENDING_APPROVAL). Needs scope
+/// `tx:approve:<signer>`; the principal that submitted it may not approve it.
 #[utoipa::path(
     post,
     path = "/api/v1/tx/{tx_id}/approve",
@@ -476,8 +557,8 @@ pub async fn get_tx_by_request(
         (status = 202, description = "An APPROVE command published to tx.commands", body = CommandAccepted),
         (status = 400, description = "INVALID_REQUEST: a malformed body", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN: the token's role is not operator", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: no tx:approve scope for the transaction's signer (which the token may read); SELF_APPROVAL: the token's principal submitted it", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND (also a transaction of a signer the token may not read)", body = ErrorBody),
         (status = 503, description = "SYSTEM_ERROR", body = ErrorBody),
     )
 )]
@@ -490,7 +571,8 @@ pub async fn approve_tx(
     command(s, headers, raw, body, TxCommandKind::Approve).await
 }
 
-/// Cancels a transaction not yet signed (the allocator decides). Needs `role = "operator"`.
+/// Cancels a transaction not yet signed (the allocator decides). Needs scope
+/// `tx:cancel:<signer>`.
 #[utoipa::path(
     post,
     path = "/api/v1/tx/{tx_id}/cancel",
@@ -502,8 +584,8 @@ pub async fn approve_tx(
         (status = 202, description = "A CANCEL command published to tx.commands", body = CommandAccepted),
         (status = 400, description = "INVALID_REQUEST: a malformed body", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN: the token's role is not operator", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: no tx:cancel scope for the transaction's signer (which the token may read)", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND (also a transaction of a signer the token may not read)", body = ErrorBody),
         (status = 503, description = "SYSTEM_ERROR", body = ErrorBody),
     )
 )]
@@ -532,7 +614,13 @@ async fn command(
     kind: TxCommandKind,
 ) -> Result<(StatusCode, Json<CommandAccepted>), ApiError> {
     let caller = s.0.verifier.caller(&headers)?;
-    caller.require_operator()?;
+    let (action, audit) = match kind {
+        TxCommandKind::Approve => (TxAction::Approve, AuditAction::Approve),
+        TxCommandKind::Cancel | TxCommandKind::Bump => (TxAction::Cancel, AuditAction::Cancel),
+    };
+    if let Err(e) = caller.require_some(action) {
+        return Err(refuse(&s, &caller, audit, &raw, e).await);
+    }
     let id = tx_id(&raw)?;
     let empty = body.as_ref().is_ok_and(|b| b.is_empty());
     let b: CommandBody = if empty {
@@ -543,9 +631,25 @@ async fn command(
     if b.reason.as_ref().is_some_and(|r| r.len() > MAX_REASON) {
         return Err(invalid(format!("reason: at most {MAX_REASON} bytes")));
     }
-    let row = store::tx_by_id(&s.0.pool, id)
-        .await?
-        .ok_or_else(ApiError::tx_not_found)?;
+    let target = id.to_string();
+    let row = match store::tx_by_id(&s.0.pool, id).await? {
+        Some(row) if caller.scopes.may(action, &row.signer) => row,
+        // A transaction the caller may see but not act on: 403; one it may not see: 404.
+        Some(row) if caller.scopes.may(TxAction::Read, &row.signer) => {
+            let e = ApiError::forbidden(format!(
+                "the token lacks scope {}:{}",
+                action.scope(),
+                row.signer
+            ));
+            return Err(refuse(&s, &caller, audit, &target, e).await);
+        }
+        _ => {
+            return Err(refuse(&s, &caller, audit, &target, ApiError::tx_not_found()).await);
+        }
+    };
+    if kind == TxCommandKind::Approve && row.submitted_by.as_deref() == Some(caller.user.as_str()) {
+        return Err(refuse(&s, &caller, audit, &target, ApiError::self_approval()).await);
+    }
     let c = TxCommand {
         event_id: uuid::Uuid::new_v4().to_string(),
         tx_id: row.tx_id.to_string(),
@@ -555,15 +659,17 @@ async fn command(
         requested_by: caller.user.clone(),
         reason: b.reason,
     };
-    s.0.publisher
-        .publish(
-            &s.0.topics.tx_commands(),
-            &signer_key(c.chain_id, &c.signer),
-            &c,
-            &traceparent_of(&headers),
-        )
-        .await
-        .map_err(ApiError::publish)?;
+    audited(&s, &caller, audit, &target, async {
+        s.0.publisher
+            .publish(
+                &s.0.topics.tx_commands(),
+                &signer_key(c.chain_id, &c.signer),
+                &c,
+                &traceparent_of(&headers),
+            )
+            .await
+    })
+    .await?;
     tracing::info!(
         tx_id = %c.tx_id,
         command = kind_name(kind),

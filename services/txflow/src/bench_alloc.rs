@@ -147,6 +147,7 @@ fn request(run: &str, i: u32, signer: &Signer) -> TxRequest {
         metadata: Default::default(),
         depends_on_request_id: None,
         depends_on_signer: None,
+        submitted_by: None,
     }
 }
 

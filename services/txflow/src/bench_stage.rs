@@ -85,6 +85,7 @@ fn request(i: u32, signers: u32) -> TxRequest {
         metadata: Default::default(),
         depends_on_request_id: None,
         depends_on_signer: None,
+        submitted_by: None,
     }
 }
 

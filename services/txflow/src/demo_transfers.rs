@@ -21,10 +21,9 @@ use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
@@ -313,13 +312,18 @@ impl Rig<'_> {
         }
     }
 
-    /// An HS256 token for `user`, valid for 10 minutes.
+    /// An end user's HS256 token for `user` (scope `transfer`), valid for 10 minutes.
     fn token(&self, user: &str) -> anyhow::Result<String> {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
-        jsonwebtoken::encode(
-            &Header::new(Algorithm::HS256),
-            &json!({"sub": user, "exp": now + 600}),
-            &EncodingKey::from_secret(&self.secret),
+        txflow_gateway::auth::mint_hs256(
+            &self.secret,
+            &txflow_gateway::auth::Mint {
+                sub: user,
+                scope: txflow_gateway::auth::SCOPE_TRANSFER,
+                ttl_secs: 600,
+                audience: txflow_core::config::DEFAULT_JWT_AUDIENCE,
+                issuer: txflow_core::config::DEFAULT_JWT_ISSUER,
+                kid: None,
+            },
         )
         .context("mint a token")
     }

@@ -114,6 +114,7 @@ impl LocalPipeline {
             metadata: Default::default(),
             depends_on_request_id: None,
             depends_on_signer: None,
+            submitted_by: None,
         }
     }
 

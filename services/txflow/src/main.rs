@@ -14,6 +14,7 @@ mod replay;
 mod roles;
 mod signers;
 mod signers_store;
+mod token;
 mod up;
 
 use std::process::ExitCode;
@@ -94,6 +95,9 @@ enum Command {
     /// Each signer at a glance (cursor, chain nonces, in flight, holds, leases; --json for one
     /// object per signer), and `signers reset-nonce`, the operator's manual nonce reset.
     Signers(signers::SignersArgs),
+    /// Mint an HS256 bearer token for the gateway (sub, scopes, lifetime) with the configured
+    /// secret, audience and issuer; printed alone on stdout.
+    Token(token::TokenArgs),
 }
 
 /// Logging, and trace export when `export` says so (an OTLP endpoint is configured): the
@@ -249,6 +253,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Signers(args) => signers::run(&config, args).await,
+        Command::Token(args) => token::run(&config, &args),
     }
 }
 

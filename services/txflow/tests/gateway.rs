@@ -59,25 +59,50 @@ fn now() -> i64 {
         .as_secs() as i64
 }
 
-/// An HS256 token for `sub` expiring `ttl` seconds from now (negative: expired).
+/// The audience and issuer the gateway expects by default.
+const AUD: &str = "txflow";
+const ISS: &str = "txflow";
+
+/// An end user's HS256 token for `sub` (scope `transfer`) expiring `ttl` seconds from now
+/// (negative: expired), issued a minute before.
 fn hs256(secret: &[u8], sub: &str, ttl: i64) -> String {
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
-        &json!({"sub": sub, "exp": now() + ttl}),
+        &json!({"sub": sub, "iat": now() + ttl.min(0) - 60, "exp": now() + ttl,
+                "aud": AUD, "iss": ISS, "scope": "transfer"}),
         &EncodingKey::from_secret(secret),
     )
     .expect("encode a token")
 }
 
-/// A token with these claims (an `exp` 5 minutes ahead is added).
-fn hs256_claims(secret: &[u8], mut claims: Value) -> String {
-    claims["exp"] = json!(now() + 300);
+/// A token with these claims; `iat` (now), `exp` (5 minutes ahead), `aud` and `iss` are added
+/// where absent (a `null` removes one).
+fn hs256_claims(secret: &[u8], claims: Value) -> String {
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
-        &claims,
+        &with_defaults(claims),
         &EncodingKey::from_secret(secret),
     )
     .expect("encode a token")
+}
+
+/// `claims` with `iat`, `exp`, `aud` and `iss` added where absent; a `null` removes one.
+fn with_defaults(mut claims: Value) -> Value {
+    for (k, v) in [
+        ("iat", json!(now())),
+        ("exp", json!(now() + 300)),
+        ("aud", json!(AUD)),
+        ("iss", json!(ISS)),
+    ] {
+        match claims.get(k) {
+            None => claims[k] = v,
+            Some(Value::Null) => {
+                claims.as_object_mut().expect("an object").remove(k);
+            }
+            Some(_) => {}
+        }
+    }
+    claims
 }
 
 /// The first `n` messages on `topic`, read from the beginning of every partition by a consumer
@@ -325,12 +350,10 @@ async fn atk_011_atk_012_atk_013_missing_expired_and_forged_tokens_are_unauthori
         300,
     );
     let expired = hs256(&key, "alice", -3600);
-    let no_exp = jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"sub": "alice"}),
-        &EncodingKey::from_secret(&key),
-    )
-    .expect("encode");
+    let no_exp = hs256_claims(
+        &key,
+        json!({"sub": "alice", "scope": "transfer", "exp": null}),
+    );
     // A valid token with one character inside its signature changed (not the last one, whose
     // low bits base64 may ignore).
     let valid = hs256(&key, "alice", 300);
@@ -955,7 +978,7 @@ async fn rs256_tokens_are_verified_with_the_public_key_and_no_other_algorithm_pa
     )
     .await;
     let key = EncodingKey::from_rsa_pem(&private).expect("an RSA key");
-    let claims = json!({"sub": "alice", "exp": now() + 300});
+    let claims = with_defaults(json!({"sub": "alice", "scope": "transfer"}));
     let good = jsonwebtoken::encode(&Header::new(Algorithm::RS256), &claims, &key).expect("sign");
     let (status, created) = g.post(Some(&good), &transfer("3")).await;
     assert_eq!(status, 202, "{created}");
@@ -1118,7 +1141,10 @@ async fn a_tx_request_is_published_keyed_by_its_signer_and_a_malformed_one_is_re
     let (key_bytes, env) = secret(&dir);
     let g = Gateway::start(&db, &[env]).await;
     g.ready().await;
-    let token = hs256(&key_bytes, "upstream", 300);
+    let token = hs256_claims(
+        &key_bytes,
+        json!({"sub": "upstream", "scope": format!("tx:submit:{SIGNER}")}),
+    );
     let post = reqwest::Method::POST;
     let request = |id: &str| {
         json!({
@@ -1206,6 +1232,11 @@ async fn a_tx_request_is_published_keyed_by_its_signer_and_a_malformed_one_is_re
     }
     assert_eq!(requests[0].request_id, "order-1");
     assert_eq!(requests[1].request_id, "order-2");
+    assert_eq!(
+        requests[0].submitted_by.as_deref(),
+        Some("upstream"),
+        "the token's sub travels with the request"
+    );
     let r = &requests[0];
     assert_eq!(r.event_id, accepted["event_id"].as_str().expect("event_id"));
     assert_eq!((r.chain_id, r.signer.as_str()), (CHAIN_ID, lower.as_str()));
@@ -1236,8 +1267,11 @@ async fn tx_reads_answer_from_managed_tx_and_approve_and_cancel_publish_commands
     let g = Gateway::start(&db, &[env]).await;
     g.ready().await;
     let (get, post) = (reqwest::Method::GET, reqwest::Method::POST);
-    let reader = hs256(&key_bytes, "someone", 300);
-    let operator = hs256_claims(&key_bytes, json!({"sub": "op-1", "role": "operator"}));
+    let reader = hs256_claims(&key_bytes, json!({"sub": "someone", "scope": "tx:read:*"}));
+    let operator = hs256_claims(
+        &key_bytes,
+        json!({"sub": "op-1", "scope": "tx:read:* tx:approve:* tx:cancel:*"}),
+    );
     let lower = SIGNER.to_ascii_lowercase();
     let tx_id = uuid::Uuid::new_v4();
     sqlx::query(
@@ -1404,13 +1438,487 @@ async fn without_the_broker_a_transfer_is_still_recorded_and_a_tx_request_gets_5
     let body = json!({
         "request_id": "order-1", "chain_id": CHAIN_ID, "signer": SIGNER, "to": TO, "value": "1",
     });
+    let submitter = hs256_claims(
+        &key_bytes,
+        json!({"sub": "svc-a", "scope": format!("tx:submit:{SIGNER}")}),
+    );
     let (status, answer) = g
         .call(
             reqwest::Method::POST,
             "/api/v1/tx",
-            Some(&alice),
+            Some(&submitter),
             Some(&body),
         )
         .await;
     assert_eq!((status, code(&answer)), (503, "SYSTEM_ERROR"), "{answer}");
+    // Audited before publishing, and the broker's refusal after it.
+    let outcomes: Vec<(String, Option<String>)> = audit_rows(&db)
+        .await
+        .into_iter()
+        .map(|(_, _, _, outcome, code)| (outcome, code))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("allowed".to_string(), None),
+            ("unpublished".to_string(), Some("SYSTEM_ERROR".to_string()))
+        ]
+    );
+}
+
+/// The audit rows of the gateway, oldest first: (principal, action, target, outcome, code).
+async fn audit_rows(db: &TestDb) -> Vec<(String, String, String, String, Option<String>)> {
+    sqlx::query_as(
+        "SELECT principal, action, target, outcome, code FROM gateway_audit ORDER BY audit_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("read gateway_audit")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scopes_decide_who_may_submit_read_approve_and_cancel_for_which_signer_and_every_act_is_audited()
+ {
+    let (db, dir) = (database().await, Dir::new());
+    let (key, env) = secret(&dir);
+    let g = Gateway::start(&db, std::slice::from_ref(&env)).await;
+    g.ready().await;
+    let (post, get) = (reqwest::Method::POST, reqwest::Method::GET);
+    const OTHER: &str = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8";
+    let lower = SIGNER.to_ascii_lowercase();
+    let token = |sub: &str, scope: &str| hs256_claims(&key, json!({"sub": sub, "scope": scope}));
+    let end_user = hs256(&key, "alice", 300);
+    let other_submitter = token("svc-b", &format!("tx:submit:{OTHER} tx:read:{OTHER}"));
+    let submitter = token("svc-a", &format!("tx:submit:{SIGNER} tx:read:{SIGNER}"));
+    let approver_of_other = token("op-2", &format!("tx:read:{OTHER} tx:approve:{OTHER}"));
+    let reader = token("viewer", &format!("tx:read:{SIGNER}"));
+    let self_approver = token("svc-a", &format!("tx:read:* tx:approve:{SIGNER}"));
+    let approver = token(
+        "op-1",
+        &format!("tx:read:* tx:approve:{SIGNER} tx:cancel:*"),
+    );
+    // The auditor's token as an operator mints one: `txflow token` with the gateway's secret.
+    let minted = Command::new(env!("CARGO_BIN_EXE_txflow"))
+        .args([
+            "token",
+            "--sub",
+            "auditor",
+            "--scope",
+            "audit:read",
+            "--ttl",
+            "600",
+        ])
+        .env_remove("TXFLOW_CONFIG")
+        .env(env.0, &env.1)
+        .output()
+        .await
+        .expect("run txflow token");
+    assert!(
+        minted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&minted.stderr)
+    );
+    let auditor = String::from_utf8(minted.stdout)
+        .expect("text")
+        .trim()
+        .to_string();
+    let request = json!({"request_id": "order-1", "chain_id": CHAIN_ID, "signer": SIGNER,
+                         "to": TO, "value": "1", "data": "0x"});
+
+    // Submit: only with tx:submit for that signer.
+    for (what, t) in [
+        ("an end user's token", &end_user),
+        ("tx:submit for another signer", &other_submitter),
+        ("tx:read only", &reader),
+    ] {
+        let (status, answer) = g
+            .call(post.clone(), "/api/v1/tx", Some(t), Some(&request))
+            .await;
+        assert_eq!(
+            (status, code(&answer)),
+            (403, "FORBIDDEN"),
+            "{what}: {answer}"
+        );
+    }
+    let (status, answer) = g
+        .call(post.clone(), "/api/v1/tx", Some(&submitter), Some(&request))
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let published: Vec<TxRequest> = {
+        let mut v = Vec::new();
+        for m in &read_topic(&g.topics.tx_requests(), 1).await {
+            v.push(decode::<TxRequest>(m).await);
+        }
+        v
+    };
+    // One key, one partition: had a refused request been published, it would come first.
+    assert_eq!(published[0].submitted_by.as_deref(), Some("svc-a"));
+
+    // A transaction svc-a submitted, awaiting approval (as the allocator records it).
+    let tx_id = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO managed_tx (tx_id, chain_id, signer, request_id, payload, state, submitted_by) \
+         VALUES ($1, $2, $3, 'order-1', $4, 'PENDING_APPROVAL', 'svc-a')",
+    )
+    .bind(tx_id)
+    .bind(CHAIN_ID)
+    .bind(&lower)
+    .bind(json!({"to": TO.to_ascii_lowercase(), "value": "1", "data": "0x",
+        "gas_limit": null, "max_fee_per_gas": null, "max_priority_fee_per_gas": null}))
+    .execute(&db.pool)
+    .await
+    .expect("insert a transaction");
+    let by_id = format!("/api/v1/tx/{tx_id}");
+    let by_request =
+        format!("/api/v1/tx/by-request?chain_id={CHAIN_ID}&signer={SIGNER}&request_id=order-1");
+
+    // Read: with tx:read for the signer; another signer's reader does not learn it exists (404);
+    // a token with no tx:read at all, or naming the signer it may not read, is 403.
+    for (what, t, path, status, expected) in [
+        ("tx:read for the signer", &reader, &by_id, 200, ""),
+        (
+            "tx:read for the signer, by request",
+            &reader,
+            &by_request,
+            200,
+            "",
+        ),
+        (
+            "tx:read for another signer",
+            &other_submitter,
+            &by_id,
+            404,
+            "NOT_FOUND",
+        ),
+        (
+            "by request, another signer's reader",
+            &other_submitter,
+            &by_request,
+            403,
+            "FORBIDDEN",
+        ),
+        ("an end user's token", &end_user, &by_id, 403, "FORBIDDEN"),
+        ("an auditor", &auditor, &by_id, 403, "FORBIDDEN"),
+    ] {
+        let (got, answer) = g.call(get.clone(), path, Some(t), None).await;
+        assert_eq!(got, status, "{what}: {answer}");
+        if status == 200 {
+            assert_eq!(answer["submitted_by"], "svc-a", "{what}: {answer}");
+        } else {
+            assert_eq!(code(&answer), expected, "{what}: {answer}");
+        }
+    }
+
+    // Approve: four eyes, and only for the signer the scope names.
+    let approve = format!("/api/v1/tx/{tx_id}/approve");
+    let cancel = format!("/api/v1/tx/{tx_id}/cancel");
+    for (what, t, status, expected) in [
+        ("the submitter", &self_approver, 403, "SELF_APPROVAL"),
+        ("a reader", &reader, 403, "FORBIDDEN"),
+        (
+            "another signer's approver",
+            &approver_of_other,
+            404,
+            "NOT_FOUND",
+        ),
+        ("an end user", &end_user, 403, "FORBIDDEN"),
+    ] {
+        let (got, answer) = g.call(post.clone(), &approve, Some(t), None).await;
+        assert_eq!((got, code(&answer)), (status, expected), "{what}: {answer}");
+    }
+    let (status, answer) = g.call(post.clone(), &cancel, Some(&reader), None).await;
+    assert_eq!((status, code(&answer)), (403, "FORBIDDEN"), "{answer}");
+    let (status, answer) = g.call(post.clone(), &approve, Some(&approver), None).await;
+    assert_eq!(status, 202, "{answer}");
+    let (status, answer) = g.call(post.clone(), &cancel, Some(&approver), None).await;
+    assert_eq!(status, 202, "{answer}");
+    // One key, one partition: a refused command published would be among the first two.
+    let commands = read_topic(&g.topics.tx_commands(), 2).await;
+    for m in &commands {
+        let c: TxCommand = decode(m).await;
+        assert_eq!(c.requested_by, "op-1");
+    }
+
+    // Transfers: an end user's only.
+    let (status, answer) = g.post(Some(&submitter), &transfer("1")).await;
+    assert_eq!((status, code(&answer)), (403, "FORBIDDEN"), "{answer}");
+
+    // The audit log: every submit, approve and cancel, allowed or refused, in order.
+    let target = format!("{CHAIN_ID}/{lower}/order-1");
+    let tx = tx_id.to_string();
+    let refused = |p: &str, a: &str, t: &str, c: &str| {
+        (
+            p.to_string(),
+            a.to_string(),
+            t.to_string(),
+            "refused".to_string(),
+            Some(c.to_string()),
+        )
+    };
+    let allowed = |p: &str, a: &str, t: &str| {
+        (
+            p.to_string(),
+            a.to_string(),
+            t.to_string(),
+            "allowed".to_string(),
+            None,
+        )
+    };
+    assert_eq!(
+        audit_rows(&db).await,
+        vec![
+            refused("alice", "tx.submit", &target, "FORBIDDEN"),
+            refused("svc-b", "tx.submit", &target, "FORBIDDEN"),
+            refused("viewer", "tx.submit", &target, "FORBIDDEN"),
+            allowed("svc-a", "tx.submit", &target),
+            refused("svc-a", "tx.approve", &tx, "SELF_APPROVAL"),
+            refused("viewer", "tx.approve", &tx, "FORBIDDEN"),
+            refused("op-2", "tx.approve", &tx, "NOT_FOUND"),
+            refused("alice", "tx.approve", &tx, "FORBIDDEN"),
+            refused("viewer", "tx.cancel", &tx, "FORBIDDEN"),
+            allowed("op-1", "tx.approve", &tx),
+            allowed("op-1", "tx.cancel", &tx),
+        ]
+    );
+    // Append-only, to the service's own role too.
+    for sql in [
+        "UPDATE gateway_audit SET outcome = 'allowed'",
+        "DELETE FROM gateway_audit",
+        "TRUNCATE gateway_audit",
+    ] {
+        let e = sqlx::query(sql)
+            .execute(&db.pool)
+            .await
+            .expect_err("the audit log is append-only");
+        assert!(e.to_string().contains("append-only"), "{sql}: {e}");
+    }
+    // Readable by an auditor only, in pages.
+    let (status, page) = g
+        .call(
+            get.clone(),
+            "/api/v1/audit?after=0&limit=4",
+            Some(&auditor),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let page = page.as_array().expect("a list");
+    assert_eq!(page.len(), 4);
+    assert_eq!(
+        (page[3]["principal"].as_str(), page[3]["outcome"].as_str()),
+        (Some("svc-a"), Some("allowed"))
+    );
+    let last = page[3]["audit_id"].as_i64().expect("an id");
+    let (_, rest) = g
+        .call(
+            get.clone(),
+            &format!("/api/v1/audit?after={last}"),
+            Some(&auditor),
+            None,
+        )
+        .await;
+    assert_eq!(rest.as_array().map(Vec::len), Some(7), "{rest}");
+    for t in [&approver, &end_user] {
+        let (status, answer) = g.call(get.clone(), "/api/v1/audit", Some(t), None).await;
+        assert_eq!((status, code(&answer)), (403, "FORBIDDEN"), "{answer}");
+    }
+}
+
+/// base64url without padding (RFC 7515 §2), for the JWKS below.
+fn b64url(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// An ES256 (P-256) key pair: the private key as PKCS#8 PEM, and the public point's (x, y).
+fn ec_pair(dir: &Dir) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let raw = dir.0.join("ec-raw.pem");
+    let raw = raw.to_string_lossy().into_owned();
+    run(&[
+        "ecparam",
+        "-name",
+        "prime256v1",
+        "-genkey",
+        "-noout",
+        "-out",
+        &raw,
+    ]);
+    let pkcs8 = run(&["pkcs8", "-topk8", "-nocrypt", "-in", &raw]);
+    let der = run(&["ec", "-in", &raw, "-pubout", "-outform", "DER"]);
+    // The SubjectPublicKeyInfo ends with the uncompressed point 04 || x || y.
+    let point = &der[der.len() - 65..];
+    assert_eq!(point[0], 4, "an uncompressed point");
+    (pkcs8, point[1..33].to_vec(), point[33..].to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_need_their_audience_issuer_a_bounded_lifetime_and_a_key_of_the_set_by_kid() {
+    let (db, dir) = (database().await, Dir::new());
+    let (rsa_private, rsa_public) = rsa_pair(&dir);
+    let (ec_private, x, y) = ec_pair(&dir);
+    let secret = b"a-rotated-in-hs256-secret-of-32-bytes-or-more";
+    // The RSA key's modulus and exponent, for its JWK.
+    let modulus = std::process::Command::new("openssl")
+        .args([
+            "rsa",
+            "-pubin",
+            "-in",
+            &rsa_public.to_string_lossy(),
+            "-noout",
+            "-modulus",
+        ])
+        .output()
+        .expect("openssl");
+    let modulus = String::from_utf8_lossy(&modulus.stdout);
+    let n = hex::decode(modulus.trim().trim_start_matches("Modulus=")).expect("hex modulus");
+    let jwks = json!({"keys": [
+        {"kty": "oct", "kid": "hs-2026-11", "alg": "HS256", "k": b64url(secret)},
+        {"kty": "EC", "kid": "es-2026-11", "alg": "ES256", "crv": "P-256",
+         "x": b64url(&x), "y": b64url(&y)},
+        {"kty": "RSA", "kid": "rs-2026-10", "alg": "RS256", "n": b64url(&n), "e": "AQAB"},
+    ]});
+    let jwks_file = dir.file("jwks.json", jwks.to_string().as_bytes());
+    let g = Gateway::start(
+        &db,
+        &[
+            (
+                "TXFLOW_GATEWAY_JWT_JWKS_FILE",
+                jwks_file.to_string_lossy().into_owned(),
+            ),
+            ("TXFLOW_GATEWAY_JWT_AUDIENCE", "txflow-prod".into()),
+            ("TXFLOW_GATEWAY_JWT_ISSUER", "https://idp.example".into()),
+            ("TXFLOW_GATEWAY_JWT_MAX_LIFETIME_SECS", "900".into()),
+        ],
+    )
+    .await;
+    let sign = |alg: Algorithm, kid: Option<&str>, claims: Value| {
+        let mut h = Header::new(alg);
+        h.kid = kid.map(str::to_string);
+        let mut c = json!({"sub": "alice", "scope": "transfer", "iat": now(), "exp": now() + 600,
+                           "aud": "txflow-prod", "iss": "https://idp.example"});
+        for (k, v) in claims.as_object().expect("an object") {
+            c[k] = v.clone();
+        }
+        let key = match alg {
+            Algorithm::HS256 => EncodingKey::from_secret(secret),
+            Algorithm::ES256 => EncodingKey::from_ec_pem(&ec_private).expect("an EC key"),
+            _ => EncodingKey::from_rsa_pem(&rsa_private).expect("an RSA key"),
+        };
+        jsonwebtoken::encode(&h, &c, &key).expect("sign")
+    };
+    // Every key of the set, by its kid.
+    for (n, (alg, kid)) in [
+        (Algorithm::HS256, "hs-2026-11"),
+        (Algorithm::ES256, "es-2026-11"),
+        (Algorithm::RS256, "rs-2026-10"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (status, answer) = g
+            .post(
+                Some(&sign(alg, Some(kid), json!({}))),
+                &transfer(&format!("{}", n + 1)),
+            )
+            .await;
+        assert_eq!(status, 202, "{kid}: {answer}");
+    }
+    // The RSA public key as an HS256 secret (algorithm confusion), under the RSA key's kid.
+    let public_pem = std::fs::read(&rsa_public).expect("public key");
+    let mut h = Header::new(Algorithm::HS256);
+    h.kid = Some("rs-2026-10".into());
+    let confused = jsonwebtoken::encode(
+        &h,
+        &with_defaults(
+            json!({"sub": "alice", "scope": "transfer", "aud": "txflow-prod",
+                              "iss": "https://idp.example"}),
+        ),
+        &EncodingKey::from_secret(&public_pem),
+    )
+    .expect("sign");
+    // alg=none: the claims of a valid token, no signature.
+    let valid = sign(Algorithm::HS256, Some("hs-2026-11"), json!({}));
+    let none = format!(
+        "{}.{}.",
+        b64url(br#"{"alg":"none","typ":"JWT","kid":"hs-2026-11"}"#),
+        valid.split('.').nth(1).expect("claims")
+    );
+    for (what, t) in [
+        (
+            "a wrong audience",
+            sign(
+                Algorithm::HS256,
+                Some("hs-2026-11"),
+                json!({"aud": "txflow"}),
+            ),
+        ),
+        (
+            "a wrong issuer",
+            sign(
+                Algorithm::ES256,
+                Some("es-2026-11"),
+                json!({"iss": "txflow"}),
+            ),
+        ),
+        (
+            "a lifetime over 900 s",
+            sign(
+                Algorithm::HS256,
+                Some("hs-2026-11"),
+                json!({"exp": now() + 1000}),
+            ),
+        ),
+        (
+            "no iat",
+            sign(Algorithm::HS256, Some("hs-2026-11"), json!({"iat": null})),
+        ),
+        (
+            "an unknown kid",
+            sign(Algorithm::HS256, Some("hs-2026-09"), json!({})),
+        ),
+        (
+            "no kid with several keys",
+            sign(Algorithm::HS256, None, json!({})),
+        ),
+        (
+            "an ES256 token under the HS256 kid",
+            sign(Algorithm::ES256, Some("hs-2026-11"), json!({})),
+        ),
+        ("alg=none", none),
+        ("the RS256 public key as an HS256 secret", confused),
+    ] {
+        let (status, answer) = g.post(Some(&t), &transfer("9")).await;
+        assert_eq!(
+            (status, code(&answer)),
+            (401, "UNAUTHORIZED"),
+            "{what}: {answer}"
+        );
+    }
+    assert_eq!(
+        transfers(&db).await,
+        3,
+        "only the three valid tokens' transfers"
+    );
 }
