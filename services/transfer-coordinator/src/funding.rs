@@ -332,21 +332,33 @@ impl FundingAdapter {
     /// `TRANSFER_NOT_ALLOWED`, `SOURCE_ACCOUNT_NOT_FOUND`, `ACCOUNT_FROZEN`, `ACCOUNT_DISABLED`,
     /// `INSUFFICIENT_BALANCE`, `DUPLICATE_REQUEST`.
     pub async fn withdraw(&self, call: &FundingCall<'_>) -> Result<FundingOutcome, FundingError> {
-        self.apply(FundingOp::Withdraw, call).await
+        self.apply(FundingOp::Withdraw, call, true).await
     }
 
     /// Credits `amount` to the user's FUNDING balance (the target leg of SPOT → FUNDING, §3.2).
     /// The account must exist (`TARGET_ACCOUNT_NOT_FOUND`, §1.5.5) and not be DISABLED; a FROZEN
     /// account still receives. `OVERFLOW` when the balance would leave `NUMERIC(38, 18)`.
     pub async fn deposit(&self, call: &FundingCall<'_>) -> Result<FundingOutcome, FundingError> {
-        self.apply(FundingOp::Deposit, call).await
+        self.apply(FundingOp::Deposit, call, true).await
+    }
+
+    /// [`FundingAdapter::deposit`] as the target leg of a transfer already under way (its source
+    /// moved money): the asset's transfer rules (limits, status, internal transfers) are not
+    /// applied again. They were checked when the transfer was admitted and its source taken, and
+    /// a rule an operator changes in between must not roll back a transfer half done. The
+    /// account's checks (exists, not DISABLED) and the idempotency of the key stand.
+    pub async fn deposit_onward(
+        &self,
+        call: &FundingCall<'_>,
+    ) -> Result<FundingOutcome, FundingError> {
+        self.apply(FundingOp::Deposit, call, false).await
     }
 
     /// Credits back the amount of this `req_id`'s applied WITHDRAW (compensation, §3.1 step
     /// 10'). `REFUND_WITHOUT_WITHDRAW` when there is none for this user and asset,
     /// `REFUND_AMOUNT_MISMATCH` for another amount; neither is recorded.
     pub async fn refund(&self, call: &FundingCall<'_>) -> Result<FundingOutcome, FundingError> {
-        self.apply(FundingOp::Refund, call).await
+        self.apply(FundingOp::Refund, call, false).await
     }
 
     /// Applies an outside movement: `amount` is a signed exact decimal (`"100"`, `"-2.5"`),
@@ -471,10 +483,12 @@ impl FundingAdapter {
         .transpose()
     }
 
+    /// One operation; `rules`: whether the asset's transfer rules apply (a refund's never do).
     async fn apply(
         &self,
         op: FundingOp,
         call: &FundingCall<'_>,
+        rules: bool,
     ) -> Result<FundingOutcome, FundingError> {
         let c = match check(call) {
             Ok(c) => c,
@@ -497,7 +511,7 @@ impl FundingAdapter {
         }
         let refusal = match op {
             FundingOp::Withdraw => debit(&mut tx, &c, &amount).await?,
-            FundingOp::Deposit => credit(&mut tx, &c, &amount).await?,
+            FundingOp::Deposit => credit(&mut tx, &c, &amount, rules).await?,
             FundingOp::Refund => match refund_check(&mut tx, &c, &amount).await? {
                 Some(r) => {
                     // Not recorded: the claim goes with the rollback.
@@ -744,9 +758,15 @@ async fn credit(
     tx: &mut Tx,
     c: &Checked<'_>,
     amount: &str,
+    rules: bool,
 ) -> Result<Option<Rejected>, FundingError> {
-    if let Some(r) = asset_checks(tx, c).await? {
-        return Ok(Some(r));
+    if rules {
+        if let Some(r) = asset_checks(tx, c).await? {
+            return Ok(Some(r));
+        }
+    } else if let Err(unknown) = read_asset(tx, c.asset).await? {
+        // A listed asset is still needed: the ledger keeps no balance of an unknown one.
+        return Ok(Some(unknown));
     }
     match lock_balance(tx, c).await? {
         None => {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use sqlx::PgPool;
 use txflow_core::codec::Subjects;
 use txflow_core::domain::{ChainId, Signer};
-use txflow_core::events::{TransferRequested, TransferUpdated};
+use txflow_core::events::{SpotOp, TransferRequested, TransferUpdated};
 use txflow_core::fault;
 use txflow_core::fenced::Fenced;
 use txflow_core::role::Role;
@@ -107,8 +107,10 @@ impl CoordinatorStage {
         )
     }
 
-    /// Calls the adapter of `account` for `op` (each idempotent by `req_id`).
-    async fn call(&self, row: &TransferRow, step: Step) -> AdapterResponse {
+    /// Calls the adapter of `account` for `op` (each idempotent by `req_id`). `fresh`: this
+    /// drive moved the transfer into the step's state and made no call since, so the command
+    /// was never sent; otherwise it may have been (a retry, a resumed leg).
+    async fn call(&self, row: &TransferRow, step: Step, fresh: bool) -> AdapterResponse {
         let Step::Call { account, op } = step else {
             return AdapterResponse::Unknown;
         };
@@ -121,9 +123,11 @@ impl CoordinatorStage {
                     asset: &row.asset,
                     amount,
                 };
+                // The source's rules are checked after its key's outcome is asked (the adapter
+                // claims first); a target of a transfer under way is not re-checked against them.
                 let result = match op {
                     LegOp::Withdraw => self.funding.withdraw(&call).await,
-                    LegOp::Deposit => self.funding.deposit(&call).await,
+                    LegOp::Deposit => self.funding.deposit_onward(&call).await,
                     LegOp::Refund => self.funding.refund(&call).await,
                 };
                 if let Err(e) = &result {
@@ -150,10 +154,18 @@ impl CoordinatorStage {
                     asset: &row.asset,
                     amount,
                 };
-                let answer = match op {
-                    LegOp::Withdraw => self.spot.debit(&call).await,
-                    LegOp::Deposit => self.spot.credit(&call, false).await,
-                    LegOp::Refund => self.spot.credit(&call, true).await,
+                // Asset rules apply only to the source's command never sent (the transfer's
+                // admission). A source that may have been sent is the same command again, whose
+                // outcome the ledger knows; a target of a transfer under way is not re-checked.
+                let answer = match (op, fresh) {
+                    (LegOp::Withdraw, true) => self.spot.debit(&call).await,
+                    (LegOp::Withdraw, false) => {
+                        self.spot.shape_checked(&call, SpotOp::Debit, false).await
+                    }
+                    (LegOp::Deposit, _) => {
+                        self.spot.shape_checked(&call, SpotOp::Credit, false).await
+                    }
+                    (LegOp::Refund, _) => self.spot.credit(&call, true).await,
                 };
                 answer.response
             }
@@ -178,6 +190,8 @@ impl CoordinatorStage {
             .direction()
             .map_err(|e| HandlerError::fail("CORRUPT_TRANSFER", e.to_string()))?;
         let token = ctx.lease.token().0;
+        // Whether this drive's own CAS put the row in its state, with no call made since.
+        let mut fresh = false;
         loop {
             let state = row
                 .state()
@@ -198,6 +212,7 @@ impl CoordinatorStage {
                             txflow_core::metrics::get()
                                 .transfer_transition(t.from().as_str(), t.to().as_str());
                             row.state = t.to().id();
+                            fresh = true;
                         }
                         Cas::Skipped(now) => {
                             tracing::info!(req_id = %row.req_id, expected = %t.from(), now = %now, "transfer moved by another worker: skipped");
@@ -213,7 +228,8 @@ impl CoordinatorStage {
                         LegOp::Deposit => fault::point(fault::TRANSFER_AFTER_TARGET_START),
                         LegOp::Refund => {}
                     }
-                    let response = self.call(&row, call).await;
+                    // After the call the drive moves the row (a fresh state) or returns.
+                    let response = self.call(&row, call, fresh).await;
                     fault::point(match op {
                         LegOp::Withdraw => fault::TRANSFER_AFTER_SOURCE_CALL,
                         LegOp::Deposit => fault::TRANSFER_AFTER_TARGET_CALL,
@@ -244,6 +260,7 @@ impl CoordinatorStage {
                                         fault::point(fault::TRANSFER_AFTER_SOURCE_DONE);
                                     }
                                     row.state = t.to().id();
+                                    fresh = true;
                                 }
                                 Cas::Skipped(now) => {
                                     tracing::info!(req_id = %row.req_id, expected = %t.from(), now = %now, "transfer moved by another worker: skipped");

@@ -341,6 +341,40 @@ impl SpotAdapter {
         self.transfer(call, SpotOp::Debit, false).await
     }
 
+    /// A CREDIT or DEBIT checked for its shape only (ids, amount, asset code), not against the
+    /// asset's transfer rules: a source leg that may have been sent before (a retry after an
+    /// unknown outcome, a leg resumed after a restart), or the target leg of a transfer under
+    /// way. The ledger answers a key it decided with that decision, so the outcome is asked
+    /// before any rule: asset rules changed since (a lowered `max_amount`, a delisted asset) must
+    /// never turn a command the ledger applied into a local refusal — the saga would compensate
+    /// money that moved, or fail a transfer whose source was taken.
+    pub async fn shape_checked(
+        &self,
+        call: &SpotCall<'_>,
+        op: SpotOp,
+        compensation: bool,
+    ) -> SpotAnswer {
+        if !matches!(op, SpotOp::Credit | SpotOp::Debit) {
+            return SpotAnswer::without_reply(AdapterResponse::ExplicitFail(
+                TransferCode::InvalidRequest,
+            ));
+        }
+        match validate(&self.assets(), call, true) {
+            Ok(amount) => {
+                self.request(command(
+                    call.req_id,
+                    op,
+                    call.user_id,
+                    call.asset,
+                    &amount,
+                    compensation,
+                ))
+                .await
+            }
+            Err(r) => SpotAnswer::without_reply(AdapterResponse::ExplicitFail(r.code)),
+        }
+    }
+
     /// BALANCE: the ledger's balance of (user, asset) in the reply; `req_id` should be fresh (a
     /// read records nothing, but its reply is routed by its key).
     pub async fn balance(&self, req_id: &str, user_id: &str, asset: &str) -> SpotAnswer {
@@ -545,18 +579,19 @@ async fn read_replies(consumer: StreamConsumer, inner: Arc<Inner>) {
 }
 
 /// The re-validation of a CREDIT or DEBIT; the amount to send, normalised (so that every repeat
-/// of a key carries the same string). A compensation is the refund of an amount the ledger took:
-/// its asset's transfer limits (which may have changed since) do not apply, the ledger checks
-/// the places.
+/// of a key carries the same string). `shape_only`: a compensation (the refund of an amount the
+/// ledger took) or a command that may have been sent before — the asset's transfer limits and
+/// status (which may have changed since) do not apply, the ledger decides (and checks the
+/// places).
 fn validate(
     assets: &AssetTable,
     call: &SpotCall<'_>,
-    compensation: bool,
+    shape_only: bool,
 ) -> Result<String, Rejected> {
     check_id("request id", call.req_id)?;
     check_id("user id", call.user_id)?;
     let amount = parse_amount(call.amount)?;
-    if compensation {
+    if shape_only {
         check_asset_code(call.asset)?;
     } else {
         check_amount(amount, assets.rule(call.asset)?)?;

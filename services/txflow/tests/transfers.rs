@@ -127,6 +127,18 @@ impl Rig {
         .await
     }
 
+    /// The ledger, aborting (as kill -9) at fault point `point`.
+    async fn start_ledger_with_fault(&mut self, point: &str) {
+        let mut cmd = self.command("spot-ledger", "ledger");
+        cmd.env("TXFLOW_FAULT", point);
+        self.ledger = Some(spawn_child(cmd).expect("spawn txflow spot-ledger"));
+        wait_for("the spot ledger answers", LONG, || async {
+            let a = self.spot.balance(&unique("ready"), "nobody", "USDT").await;
+            (a.response == AdapterResponse::Success).then_some(())
+        })
+        .await
+    }
+
     async fn kill_ledger(&mut self) {
         let mut child = self.ledger.take().expect("a ledger runs");
         child.kill().await.expect("kill -9 the ledger");
@@ -519,6 +531,82 @@ async fn fsm_006_a_failing_refund_stays_compensating_until_it_succeeds() {
     rig.reaches(&t, TransferState::RolledBack).await;
     assert_eq!(rig.spot_balance("erin").await, d("30"));
     assert_eq!(rig.funding_balance("erin").await, d("0"));
+}
+
+#[tokio::test]
+async fn a_funding_to_spot_credit_of_unknown_outcome_commits_after_the_rules_changed() {
+    unknown_outcome_then_rule_change("FUNDING").await;
+}
+
+#[tokio::test]
+async fn a_spot_to_funding_debit_of_unknown_outcome_commits_after_the_rules_changed() {
+    unknown_outcome_then_rule_change("SPOT").await;
+}
+
+/// The SPOT leg of a transfer from `from` is applied by the ledger, which dies before replying
+/// (outcome unknown); an operator then lowers the asset's `max_amount` below the amount; the
+/// ledger comes back. The retry must ask the ledger's recorded outcome, not the new rule: the
+/// transfer commits, with no refund (money created) and no failure (money lost).
+async fn unknown_outcome_then_rule_change(from: &str) {
+    let mut rig = Rig::new().await;
+    let user = "frank";
+    rig.funding(user, "100", "ACTIVE").await;
+    if from == "SPOT" {
+        rig.spot_credit(user, "100").await;
+    }
+    // The next command the ledger logs is the transfer's SPOT leg: it dies right after.
+    rig.kill_ledger().await;
+    rig.start_ledger_with_fault("spot.after_wal@1").await;
+    rig.start_coordinator("coord-1", None);
+    let to = if from == "FUNDING" { "SPOT" } else { "FUNDING" };
+    let t = rig.transfer(user, from, to, "25").await;
+    let pending = if from == "FUNDING" {
+        TransferState::TargetPending
+    } else {
+        TransferState::SourcePending
+    };
+    let retries = wait_for("the SPOT leg's outcome is unknown", LONG, || async {
+        let (state, code, retries) = rig.state(&t).await;
+        (state == pending && code.as_deref() == Some("OUTCOME_UNKNOWN")).then_some(retries)
+    })
+    .await;
+    sqlx::query("UPDATE assets SET max_amount = 10 WHERE asset = 'USDT'")
+        .execute(&rig.db.pool)
+        .await
+        .expect("lower max_amount");
+    // Retried under the new rule: the coordinator re-reads the rules every 300 ms and retries
+    // every 400 ms, so three more retries are made with the lowered maximum in force.
+    wait_for("retried after the rule changed", LONG, || async {
+        let (state, _, now) = rig.state(&t).await;
+        assert_eq!(
+            state, pending,
+            "an unknown outcome is never decided by a rule"
+        );
+        (now >= retries + 3).then_some(())
+    })
+    .await;
+    rig.kill_ledger().await;
+    rig.start_ledger().await;
+    rig.reaches(&t, TransferState::Committed).await;
+    let (funding, spot) = if from == "FUNDING" {
+        (d("75"), d("25"))
+    } else {
+        (d("125"), d("75"))
+    };
+    assert_eq!(
+        rig.funding_balance(user).await,
+        funding,
+        "FUNDING moved once"
+    );
+    assert_eq!(rig.spot_balance(user).await, spot, "SPOT moved once");
+    let (refunds,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM transfer_operations WHERE req_id = $1 AND op = 'REFUND'",
+    )
+    .bind(&t)
+    .fetch_one(&rig.db.pool)
+    .await
+    .expect("count refunds");
+    assert_eq!(refunds, 0, "nothing compensated");
 }
 
 /// A transfer whose coordinator is killed at `point`, then resumed by a fresh coordinator: it
