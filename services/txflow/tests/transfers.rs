@@ -19,7 +19,7 @@ use txflow_core::kafka::{Topics, ensure_topics};
 use txflow_core::transfer::{AdapterResponse, AssetRule, AssetStatus, AssetTable, TransferState};
 use txflow_spot_ledger::Decimal;
 use txflow_tests::{TestDb, kafka_settings, registry_url, spawn_child, unique, wait_for};
-use txflow_transfer_coordinator::funding::{FundingAdapter, FundingOutcome};
+use txflow_transfer_coordinator::funding::{FundingAdapter, FundingCall, FundingOutcome};
 use txflow_transfer_coordinator::spot::{SpotAdapter, SpotAdapterConfig, SpotCall};
 
 const LONG: Duration = Duration::from_secs(120);
@@ -832,6 +832,107 @@ async fn mon_003_a_violated_sum_is_recorded_alerted_and_halts_new_transfers() {
     .expect("resolve");
     rig.reaches(&second, TransferState::Committed).await;
     assert_eq!(open(rig.db.pool.clone()).await, 0);
+}
+
+/// The open conservation violations.
+async fn violations(pool: &sqlx::PgPool) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM transfer_conservation_violations WHERE resolved_at IS NULL",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("count violations");
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_movements_committed_while_the_check_reads_are_never_a_violation() {
+    let mut rig = Rig::new().await;
+    rig.funding("hana", "100", "ACTIVE").await;
+    rig.start_coordinator("coord-1", None);
+    let t = rig.transfer("hana", "FUNDING", "SPOT", "10").await;
+    rig.reaches(&t, TransferState::Committed).await;
+    // Deposits and withdrawals from outside, back to back, while checks run at once (this
+    // process's and the coordinator's own, every 300 ms).
+    let pool = rig.db.pool.clone();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mover = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            let adapter = FundingAdapter::new(pool);
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for amount in ["1", "-1"] {
+                    let done = adapter
+                        .external_movement(&unique("mv"), "hana", "USDT", amount, "test movement")
+                        .await
+                        .expect("an outside movement");
+                    assert_eq!(done, FundingOutcome::Applied);
+                    n += 1;
+                }
+            }
+            n
+        })
+    };
+    let check = txflow_transfer_coordinator::conservation::Conservation::new(
+        pool.clone(),
+        rig.spot.clone(),
+    );
+    for _ in 0..300 {
+        let report = check.run_once().await.expect("a check");
+        assert_eq!(report.violations, Vec::new(), "a movement half seen");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let moved = mover.await.expect("the mover");
+    assert!(moved >= 100, "movements ran beside the checks: {moved}");
+    assert_eq!(violations(&pool).await, 0);
+}
+
+#[tokio::test]
+async fn a_transfer_with_an_unknown_outcome_does_not_hide_a_violation_of_its_pair() {
+    let rig = Rig::new().await;
+    rig.funding("ivan", "100", "ACTIVE").await;
+    // A FUNDING -> SPOT transfer whose source was taken and whose target's outcome is unknown
+    // (TARGET_PENDING), as a coordinator leaves it while the ledger does not answer.
+    let req_id = unique("t");
+    sqlx::query(
+        "INSERT INTO transfers (req_id, user_id, asset, amount, transfer_type, source_account, \
+                                target_account, state, error_code) \
+         VALUES ($1, 'ivan', 'USDT', 25, 1, 'FUNDING', 'SPOT', 30, 'OUTCOME_UNKNOWN')",
+    )
+    .bind(&req_id)
+    .execute(&rig.db.pool)
+    .await
+    .expect("insert a transfer");
+    let withdrawn = FundingAdapter::new(rig.db.pool.clone())
+        .withdraw(&FundingCall {
+            req_id: &req_id,
+            user_id: "ivan",
+            asset: "USDT",
+            amount: "25",
+        })
+        .await
+        .expect("the source leg");
+    assert_eq!(withdrawn, FundingOutcome::Applied);
+    let check = txflow_transfer_coordinator::conservation::Conservation::new(
+        rig.db.pool.clone(),
+        rig.spot.clone(),
+    );
+    // The 25 in flight (or landed) explains the difference: no violation.
+    let report = check.run_once().await.expect("a check");
+    assert_eq!(
+        (report.checked, report.violations.len()),
+        (1, 0),
+        "{report:?}"
+    );
+    // Money from nowhere while the outcome is still unknown: found, not put off.
+    sqlx::query("UPDATE funding_balances SET available = available + 1 WHERE user_id = 'ivan'")
+        .execute(&rig.db.pool)
+        .await
+        .expect("tamper with a balance");
+    let report = check.run_once().await.expect("a check");
+    assert_eq!(report.violations.len(), 1, "{report:?}");
+    assert_eq!(violations(&rig.db.pool).await, 1);
 }
 
 #[tokio::test]
