@@ -534,7 +534,7 @@ fn count(outcomes: &[FundingOutcome], want: &FundingOutcome) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn idp_001_con_001_fnd_001_fifty_concurrent_withdrawals_of_one_request_apply_once() {
+async fn idp_001_fnd_001_fifty_concurrent_withdrawals_of_one_request_apply_once() {
     let (db, adapter) = ledger("100").await;
     let outcomes = at_once(&db, 50, 20, |a, _| async move {
         a.withdraw(&call("t-1", "30")).await
@@ -583,7 +583,7 @@ async fn idp_003_twenty_concurrent_refunds_of_one_request_credit_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn con_004_fnd_006_hundred_concurrent_withdrawals_never_overdraw() {
+async fn con_004_hundred_concurrent_withdrawals_never_overdraw() {
     // 100 requests of 1 against 50: exactly 50 apply, 50 are refused, the balance ends at 0
     // and never went below it (the CHECK would have failed a statement).
     let (db, adapter) = ledger("50").await;
@@ -631,7 +631,7 @@ async fn con_002_concurrent_same_amount_requests_with_their_own_ids_both_apply()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn con_003_withdrawals_and_deposits_interleaved_keep_the_sum() {
+async fn withdrawals_and_deposits_interleaved_keep_the_sum() {
     // Transfers out and external credits at once on one balance: the result is the sum of
     // what was applied, exactly.
     let (db, adapter) = ledger("10").await;
@@ -958,4 +958,113 @@ async fn fifty_concurrent_repeats_of_one_movement_apply_it_once() {
         adapter.external_sum(USER, "USDT").await.expect("sum"),
         d("7.25")
     );
+}
+
+#[tokio::test]
+async fn fnd_006_a_withdrawal_whose_commit_fails_leaves_neither_its_debit_nor_its_record() {
+    let (db, adapter) = ledger("100").await;
+    // A failure injected at COMMIT, after every statement of the withdrawal ran: a deferred
+    // constraint trigger on its operation record.
+    sqlx::raw_sql(
+        "CREATE FUNCTION fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN RAISE EXCEPTION 'injected: the commit fails'; END $$; \
+         CREATE CONSTRAINT TRIGGER fail_at_commit AFTER INSERT ON transfer_operations \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+         WHEN (NEW.req_id = 'partial-1') EXECUTE FUNCTION fail_at_commit();",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("inject the commit failure");
+    let failed = adapter.withdraw(&call("partial-1", "40")).await;
+    assert!(
+        matches!(failed, Err(FundingError::Db { .. })),
+        "an error, never a refusal: {failed:?}"
+    );
+    // All or nothing: no debit and no record of a decision.
+    assert_eq!(balance(&adapter).await, d("100"));
+    assert_eq!(operations(&db.pool).await, Vec::new());
+    // The caller retries the same key once the fault is gone: applied once.
+    sqlx::raw_sql("DROP TRIGGER fail_at_commit ON transfer_operations")
+        .execute(&db.pool)
+        .await
+        .expect("remove the fault");
+    applied(adapter.withdraw(&call("partial-1", "40")).await);
+    assert_eq!(
+        adapter
+            .withdraw(&call("partial-1", "40"))
+            .await
+            .expect("a repeat answers"),
+        FundingOutcome::AlreadyApplied
+    );
+    assert_eq!(balance(&adapter).await, d("60"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn con_001_two_cas_racing_on_one_transfer_move_it_once_and_the_other_is_skipped() {
+    use txflow_core::domain::{ChainId, NodeId};
+    use txflow_core::lease::{Acquisition, LeaseConfig, LeaseManager};
+    use txflow_core::role::Role;
+    use txflow_core::transfer::{TransferState, Transition, lease_subject};
+    use txflow_transfer_coordinator::store::{self, Announcement, Cas};
+
+    let db = TestDb::new().await;
+    assets(&db.pool).await;
+    sqlx::query(
+        "INSERT INTO transfers (req_id, user_id, asset, amount, transfer_type, source_account, \
+                                target_account, state) \
+         VALUES ('race-1', $1, 'USDT', 5, 1, 'FUNDING', 'SPOT', 10)",
+    )
+    .bind(USER)
+    .execute(&db.pool)
+    .await
+    .expect("a transfer in SOURCE_PENDING");
+    let leases = LeaseManager::new(
+        db.pool.clone(),
+        Role::TransferCoordinator,
+        NodeId::named(format!("con-001-{}", uuid::Uuid::new_v4())),
+        LeaseConfig::default(),
+    )
+    .expect("lease manager");
+    let lease = match leases
+        .acquire(ChainId(0), &lease_subject(USER))
+        .await
+        .expect("acquire")
+    {
+        Acquisition::Held(lease, _) => lease,
+        busy => panic!("lease not acquired: {busy:?}"),
+    };
+    // Two workers at once, each in its own transaction, CAS the same transition: the second
+    // waits on the first's row lock, then finds the state gone.
+    let t = Transition::SOURCE_OK;
+    let race = |n: u8| {
+        let (pool, lease) = (db.pool.clone(), lease.clone());
+        async move {
+            let announcement = Announcement {
+                event_id: uuid::Uuid::new_v4(),
+                payload: serde_json::json!({"worker": n}),
+            };
+            let mut tx = lease.begin(&pool).await.expect("begin");
+            let done = store::cas(&mut tx.writer(), "race-1", t, None, &announcement)
+                .await
+                .expect("a CAS answers");
+            tx.commit().await.expect("commit");
+            done
+        }
+    };
+    let (a, b) = tokio::join!(race(1), race(2));
+    let mut outcomes = [a, b];
+    outcomes.sort_by_key(|c| matches!(c, Cas::Skipped(_)));
+    assert_eq!(
+        outcomes,
+        [Cas::Moved, Cas::Skipped(TransferState::SourceDone)]
+    );
+    let (state, announced): (i16, i64) = sqlx::query_as(
+        "SELECT (SELECT state FROM transfers WHERE req_id = 'race-1'), \
+                (SELECT count(*) FROM transfer_outbox WHERE req_id = 'race-1')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("read back");
+    assert_eq!(state, TransferState::SourceDone.id());
+    assert_eq!(announced, 1, "only the move that happened is announced");
 }

@@ -25,6 +25,7 @@ use txflow_core::transfer::{
     AdapterResponse, Next, Stay, TransferState, Transition, check_accounts, check_id, decide,
     lease_subject, parse_amount, transfer_event_id,
 };
+use uuid::Uuid;
 
 use crate::config::CoordinatorConfig;
 use crate::decide::{LegOp, Step, funding_response, step};
@@ -80,12 +81,13 @@ impl CoordinatorStage {
         self.users.lock().ok()?.get(subject).cloned()
     }
 
-    fn updated(&self, row: &TransferRow, state: TransferState, token: i64) -> Output {
+    /// The TransferUpdated of `row` entering `state`.
+    fn event(&self, row: &TransferRow, state: TransferState, token: i64) -> TransferUpdated {
         let (from, to) = match row.direction() {
             Ok(d) => (d.source().as_str(), d.target().as_str()),
             Err(_) => ("?", "?"),
         };
-        let event = TransferUpdated {
+        TransferUpdated {
             event_id: transfer_event_id(&row.req_id, state),
             req_id: row.req_id.clone(),
             user_id: row.user_id.clone(),
@@ -98,13 +100,21 @@ impl CoordinatorStage {
             error_code: row.error_code.clone(),
             fencing_token: token,
             updated_at_ms: chrono_ms(),
-        };
+        }
+    }
+
+    /// The output of an event on `transfer.events`, keyed by its user.
+    fn output(&self, event: TransferUpdated) -> Output {
         Output::new(
             self.config.topics.transfer_events(),
             Subjects::TopicName,
-            row.user_id.clone(),
+            event.user_id.clone(),
             event,
         )
+    }
+
+    fn updated(&self, row: &TransferRow, state: TransferState, token: i64) -> Output {
+        self.output(self.event(row, state, token))
     }
 
     /// Calls the adapter of `account` for `op` (each idempotent by `req_id`). `fresh`: this
@@ -206,9 +216,10 @@ impl CoordinatorStage {
                     if t == Transition::START_SOURCE {
                         fault::point(fault::TRANSFER_BEFORE_START);
                     }
-                    match self.cas(ctx, &row, t, None).await? {
+                    let event = self.event(&row, t.to(), token);
+                    match self.cas(ctx, &row, t, None, &event).await? {
                         Cas::Moved => {
-                            out.push(self.updated(&row, t.to(), token));
+                            out.push(self.output(event));
                             txflow_core::metrics::get()
                                 .transfer_transition(t.from().as_str(), t.to().as_str());
                             row.state = t.to().id();
@@ -247,12 +258,15 @@ impl CoordinatorStage {
                                 (Some(c), Some(m)) => Some((*c, m.as_str())),
                                 _ => None,
                             };
-                            match self.cas(ctx, &row, t, detail).await? {
+                            let mut moved_row = row.clone();
+                            if let Some(code) = error {
+                                moved_row.error_code = Some(code.to_string());
+                            }
+                            let event = self.event(&moved_row, t.to(), token);
+                            match self.cas(ctx, &row, t, detail, &event).await? {
                                 Cas::Moved => {
-                                    if let Some(code) = error {
-                                        row.error_code = Some(code.to_string());
-                                    }
-                                    out.push(self.updated(&row, t.to(), token));
+                                    row = moved_row;
+                                    out.push(self.output(event));
                                     txflow_core::metrics::get()
                                         .transfer_transition(t.from().as_str(), t.to().as_str());
                                     tracing::info!(req_id = %row.req_id, user_id = %row.user_id, from = %t.from(), to = %t.to(), fencing_token = token, "transfer moved");
@@ -311,9 +325,11 @@ impl CoordinatorStage {
         row: &TransferRow,
         t: Transition,
         error: Option<(&str, &str)>,
+        event: &TransferUpdated,
     ) -> Result<Cas, HandlerError> {
+        let announcement = announcement(event)?;
         let mut tx = ctx.lease.begin(ctx.pool).await?;
-        let done = store::cas(&mut tx.writer(), &row.req_id, t, error).await?;
+        let done = store::cas(&mut tx.writer(), &row.req_id, t, error, &announcement).await?;
         tx.commit().await?;
         Ok(done)
     }
@@ -331,6 +347,15 @@ impl CoordinatorStage {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// An event as the outbox records it.
+fn announcement(event: &TransferUpdated) -> Result<store::Announcement, HandlerError> {
+    let event_id = Uuid::parse_str(&event.event_id)
+        .map_err(|e| HandlerError::fail("CORRUPT_EVENT_ID", format!("{}: {e}", event.event_id)))?;
+    let payload = serde_json::to_value(event)
+        .map_err(|e| HandlerError::fail("UNSERIALISABLE_EVENT", e.to_string()))?;
+    Ok(store::Announcement { event_id, payload })
 }
 
 fn chrono_ms() -> i64 {
@@ -426,12 +451,18 @@ impl Handler for CoordinatorStage {
                     return Ok(Vec::new());
                 }
                 fault::point(fault::TRANSFER_BEFORE_START);
-                match store::cas(w, &row.req_id, Transition::START_SOURCE, None).await {
-                    Ok(Cas::Moved) => Ok(vec![self.updated(
-                        &row,
-                        TransferState::SourcePending,
-                        token,
-                    )]),
+                let event = self.event(&row, TransferState::SourcePending, token);
+                let announcement = announcement(&event)?;
+                match store::cas(
+                    w,
+                    &row.req_id,
+                    Transition::START_SOURCE,
+                    None,
+                    &announcement,
+                )
+                .await
+                {
+                    Ok(Cas::Moved) => Ok(vec![self.output(event)]),
                     Ok(Cas::Skipped(_)) => Ok(Vec::new()),
                     Err(e) => Err(e.into()),
                 }
@@ -443,7 +474,13 @@ impl Handler for CoordinatorStage {
     }
 
     async fn pending_signers(&self, pool: &PgPool) -> Result<Vec<(ChainId, Signer)>, sqlx::Error> {
-        let users = store::stale_users(pool, self.config.stale, SCAN_LIMIT).await?;
+        let mut users = store::stale_users(pool, self.config.stale, SCAN_LIMIT).await?;
+        // Users with an event the outbox still holds: their drive relays it.
+        for u in store::users_with_unpublished(pool, SCAN_LIMIT).await? {
+            if !users.contains(&u) {
+                users.push(u);
+            }
+        }
         Ok(users
             .iter()
             .map(|u| (ChainId(0), self.subject(u)))
@@ -454,16 +491,29 @@ impl Handler for CoordinatorStage {
         let Some(user) = self.user_of(&ctx.lease.key().signer) else {
             return Ok(Vec::new());
         };
+        // What the outbox still holds after its grace: a crash between a CAS and its produce, a
+        // produce that failed, outputs dropped with a lost lease. Same events, same ids.
+        let mut out = Vec::new();
+        for event in store::unpublished_of_user(ctx.pool, &user)
+            .await
+            .map_err(db("unpublished transfer events"))?
+        {
+            match event {
+                Ok(event) => out.push(self.output(event)),
+                Err(event_id) => {
+                    tracing::error!(%event_id, %user, "transfer_outbox row does not decode as a TransferUpdated: left unpublished");
+                }
+            }
+        }
         let rows = store::open_of_user(ctx.pool, &user)
             .await
             .map_err(db("open transfers of a user"))?;
         if rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok(out);
         }
         let halted = store::halted(ctx.pool)
             .await
             .map_err(db("transfer halt check"))?;
-        let mut out = Vec::new();
         for row in rows {
             let req_id = row.req_id.clone();
             if let Err(e) = self.drive_transfer(&ctx, row, halted, &mut out).await {

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use sqlx::PgPool;
+use txflow_core::events::TransferUpdated;
 use txflow_core::fenced::{FENCE_PREDICATE, FenceError, Fenced};
 use txflow_core::transfer::{Direction, TransferState, Transition, UnknownTransferState};
 
@@ -98,26 +99,43 @@ pub async fn load(w: &mut Fenced<'_>, req_id: &str) -> Result<Option<TransferRow
     Ok(rows.pop())
 }
 
+/// A TransferUpdated as the outbox records it: its id and its JSON.
+#[derive(Debug, Clone)]
+pub struct Announcement {
+    pub event_id: uuid::Uuid,
+    pub payload: serde_json::Value,
+}
+
 /// The CAS of `t` on one transfer (§9.2 `db.cas_update`), with the explicit failure's code and
-/// message for FAILED and COMPENSATING. Zero rows is `Skipped` when the state has moved on, and
-/// `Fenced` when it has not (the lease is no longer this instance's).
+/// message for FAILED and COMPENSATING, and its announcement: when the transfer moves, `event`
+/// (its TransferUpdated) is recorded in `transfer_outbox` in the same statement, so it reaches the
+/// topic even if the process dies before producing it. Zero rows is `Skipped` when the state has
+/// moved on, and `Fenced` when it has not (the lease is no longer this instance's).
 pub async fn cas(
     w: &mut Fenced<'_>,
     req_id: &str,
     t: Transition,
     error: Option<(&str, &str)>,
+    event: &Announcement,
 ) -> Result<Cas, FenceError> {
     let sql = format!(
-        "UPDATE transfers t SET state = $7, updated_at = now(), fencing_token = $5, \
-             error_code = COALESCE($8, t.error_code), \
-             error_message = COALESCE(left($9, 1024), t.error_message) \
-         WHERE t.req_id = $6 AND t.state = $10 AND {FENCE_PREDICATE} \
-         RETURNING t.transfer_id"
+        "WITH moved AS ( \
+             UPDATE transfers t SET state = $7, updated_at = now(), fencing_token = $5, \
+                 error_code = COALESCE($8, t.error_code), \
+                 error_message = COALESCE(left($9, 1024), t.error_message) \
+             WHERE t.req_id = $6 AND t.state = $10 AND {FENCE_PREDICATE} \
+             RETURNING t.transfer_id, t.user_id, t.req_id), \
+         announced AS ( \
+             INSERT INTO transfer_outbox (event_id, user_id, req_id, state, payload) \
+             SELECT $11::uuid, m.user_id, m.req_id, $7, $12::jsonb FROM moved m \
+             ON CONFLICT (event_id) DO NOTHING) \
+         SELECT transfer_id FROM moved"
     );
     let (code, message) = match error {
         Some((c, m)) => (Some(c.to_string()), Some(m.to_string())),
         None => (None, None),
     };
+    let (event_id, payload) = (event.event_id, event.payload.clone());
     let moved: Vec<(i64,)> = w
         .fetch_all("transfer cas", &sql, |q| {
             q.bind(req_id)
@@ -125,6 +143,8 @@ pub async fn cas(
                 .bind(code)
                 .bind(message)
                 .bind(t.from().id())
+                .bind(event_id)
+                .bind(payload)
         })
         .await?;
     if !moved.is_empty() {
@@ -143,6 +163,48 @@ pub async fn cas(
         // No such row, or a state outside §2.1: nothing to move.
         None | Some(Err(_)) => Ok(Cas::Skipped(t.from())),
     }
+}
+
+/// How old an unpublished transfer event must be before the coordinator relays it (the drive
+/// that recorded it produces it within milliseconds): the tx stages' grace.
+pub const RELAY_GRACE: Duration = txflow_core::outbox::GRACE;
+
+/// How many unpublished events one drive relays for one user.
+const RELAY_LIMIT: i64 = 1000;
+
+/// The users with transfer events unpublished for longer than [`RELAY_GRACE`].
+pub async fn users_with_unpublished(pool: &PgPool, limit: i64) -> Result<Vec<String>, sqlx::Error> {
+    let rows: Vec<(String,)> = sqlx::query_as(
+        "SELECT DISTINCT user_id FROM transfer_outbox \
+         WHERE created_at < now() - make_interval(secs => $1) LIMIT $2",
+    )
+    .bind(RELAY_GRACE.as_secs_f64())
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|(u,)| u).collect())
+}
+
+/// A user's transfer events unpublished for longer than [`RELAY_GRACE`], oldest first: the
+/// events as recorded, or the `event_id` of a payload that no longer decodes (left unpublished).
+pub async fn unpublished_of_user(
+    pool: &PgPool,
+    user: &str,
+) -> Result<Vec<Result<TransferUpdated, uuid::Uuid>>, sqlx::Error> {
+    let rows: Vec<(uuid::Uuid, serde_json::Value)> = sqlx::query_as(
+        "SELECT event_id, payload FROM transfer_outbox \
+         WHERE user_id = $1 AND created_at < now() - make_interval(secs => $2) \
+         ORDER BY created_at, event_id LIMIT $3",
+    )
+    .bind(user)
+    .bind(RELAY_GRACE.as_secs_f64())
+    .bind(RELAY_LIMIT)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, payload)| serde_json::from_value(payload).map_err(|_| id))
+        .collect())
 }
 
 /// Records a step that stays (an unknown outcome, a refused refund): one more retry, its reason,

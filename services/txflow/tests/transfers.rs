@@ -495,7 +495,7 @@ async fn fsm_005_idp_004_a_target_timeout_stays_and_commits_when_the_ledger_retu
 }
 
 #[tokio::test]
-async fn fsm_006_a_failing_refund_stays_compensating_until_it_succeeds() {
+async fn a_refund_of_unknown_outcome_stays_compensating_until_it_succeeds() {
     let mut rig = Rig::new().await;
     // SPOT → FUNDING into a DISABLED funding account: the deposit is refused, so the spot
     // debit must be refunded — while the spot ledger is down.
@@ -607,6 +607,133 @@ async fn unknown_outcome_then_rule_change(from: &str) {
     .await
     .expect("count refunds");
     assert_eq!(refunds, 0, "nothing compensated");
+}
+
+/// A FUNDING -> SPOT transfer whose coordinator is killed at `point`, resumed by a fresh one:
+/// every state it passed through is announced on `transfer.events` at least once, each with its
+/// one deterministic `event_id` (the outbox relays what the crash kept from being produced).
+async fn every_state_announced_after_a_crash_at(point: &str) {
+    let mut rig = Rig::new().await;
+    rig.funding("olga", "100", "ACTIVE").await;
+    let first = rig.start_coordinator("coord-crash", Some(point));
+    let t = rig.transfer("olga", "FUNDING", "SPOT", "10").await;
+    rig.crashed(first).await;
+    rig.start_coordinator("coord-again", None);
+    rig.reaches(&t, TransferState::Committed).await;
+    let states = [
+        TransferState::SourcePending,
+        TransferState::SourceDone,
+        TransferState::TargetPending,
+        TransferState::Committed,
+    ];
+    let events = transfer_events(&rig.topics.transfer_events(), states.len()).await;
+    for state in states {
+        let found: Vec<&TransferUpdated> = events
+            .iter()
+            .map(|(_, e)| e)
+            .filter(|e| e.req_id == t && e.state == state.as_str())
+            .collect();
+        assert!(!found.is_empty(), "{point}: no {state} event");
+        for e in found {
+            assert_eq!(
+                e.event_id,
+                txflow_core::transfer::transfer_event_id(&t, state),
+                "{point}"
+            );
+        }
+    }
+    assert_eq!(rig.funding_balance("olga").await, d("90"));
+    assert_eq!(rig.spot_balance("olga").await, d("10"));
+}
+
+#[tokio::test]
+async fn every_state_is_announced_after_a_crash_before_the_start() {
+    every_state_announced_after_a_crash_at(txflow_core::fault::TRANSFER_BEFORE_START).await;
+}
+
+#[tokio::test]
+async fn every_state_is_announced_after_a_crash_after_the_start() {
+    every_state_announced_after_a_crash_at(txflow_core::fault::TRANSFER_AFTER_START).await;
+}
+
+#[tokio::test]
+async fn every_state_is_announced_after_a_crash_after_the_source_call() {
+    every_state_announced_after_a_crash_at(txflow_core::fault::TRANSFER_AFTER_SOURCE_CALL).await;
+}
+
+#[tokio::test]
+async fn every_state_is_announced_after_a_crash_after_the_source_is_done() {
+    every_state_announced_after_a_crash_at(txflow_core::fault::TRANSFER_AFTER_SOURCE_DONE).await;
+}
+
+#[tokio::test]
+async fn every_state_is_announced_after_a_crash_after_the_target_start() {
+    every_state_announced_after_a_crash_at(txflow_core::fault::TRANSFER_AFTER_TARGET_START).await;
+}
+
+#[tokio::test]
+async fn every_state_is_announced_after_a_crash_after_the_target_call() {
+    every_state_announced_after_a_crash_at(txflow_core::fault::TRANSFER_AFTER_TARGET_CALL).await;
+}
+
+#[tokio::test]
+async fn fsm_006_an_explicitly_refused_refund_stays_compensating_until_it_is_applied() {
+    let mut rig = Rig::new().await;
+    // FUNDING -> SPOT into a frozen spot account: the target refuses, the source is refunded.
+    rig.funding("rita", "100", "ACTIVE").await;
+    rig.spot_frozen("rita", true).await;
+    // The first coordinator dies right after the target's refusal, before recording it.
+    let first = rig.start_coordinator(
+        "coord-1",
+        Some(txflow_core::fault::TRANSFER_AFTER_TARGET_CALL),
+    );
+    let t = rig.transfer("rita", "FUNDING", "SPOT", "10").await;
+    rig.crashed(first).await;
+    assert_eq!(rig.state(&t).await.0, TransferState::TargetPending);
+    // The withdrawal's record no longer matches the refund (as a ledger gone wrong would have
+    // it): the refund is refused explicitly, REFUND_AMOUNT_MISMATCH.
+    let pool = rig.db.pool.clone();
+    let tamper = |delta: &'static str| {
+        let (pool, t) = (pool.clone(), t.clone());
+        async move {
+            sqlx::query(
+                "UPDATE transfer_operations SET amount = amount + $2::numeric \
+                 WHERE req_id = $1 AND op = 'WITHDRAW'",
+            )
+            .bind(&t)
+            .bind(delta)
+            .execute(&pool)
+            .await
+            .expect("change the withdrawal's record");
+        }
+    };
+    tamper("1").await;
+    rig.start_coordinator("coord-2", None);
+    wait_for("the refused refund is retried", LONG, || async {
+        let (state, code, retries) = rig.state(&t).await;
+        assert!(
+            matches!(
+                state,
+                TransferState::TargetPending | TransferState::Compensating
+            ),
+            "{state}: a refused refund neither rolls back nor fails"
+        );
+        (state == TransferState::Compensating
+            && retries >= 2
+            && code.as_deref() == Some("REFUND_AMOUNT_MISMATCH"))
+        .then_some(())
+    })
+    .await;
+    assert_eq!(
+        rig.funding_balance("rita").await,
+        d("90"),
+        "not refunded yet"
+    );
+    // Repaired: the next retry refunds, once.
+    tamper("-1").await;
+    rig.reaches(&t, TransferState::RolledBack).await;
+    assert_eq!(rig.funding_balance("rita").await, d("100"));
+    assert_eq!(rig.spot_balance("rita").await, d("0"));
 }
 
 /// A transfer whose coordinator is killed at `point`, then resumed by a fresh coordinator: it
@@ -725,8 +852,42 @@ async fn cra_006_crash_in_compensating_after_the_refund() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bal_003_concurrent_transfers_of_one_user_never_overdraw_end_to_end() {
+    let mut rig = Rig::new().await;
+    rig.funding("paul", "100", "ACTIVE").await;
+    rig.start_coordinator("coord-1", None);
+    rig.start_coordinator("coord-2", None);
+    // Fifteen transfers of 10 from a balance of 100, announced at once to two coordinators.
+    let ids =
+        futures::future::join_all((0..15).map(|_| rig.transfer("paul", "FUNDING", "SPOT", "10")))
+            .await;
+    let mut ends = Vec::new();
+    for t in &ids {
+        let end = wait_for(&format!("{t} ends"), LONG, || async {
+            let (state, code, _) = rig.state(t).await;
+            state.is_terminal().then_some((state, code))
+        })
+        .await;
+        ends.push(end);
+    }
+    let committed = ends
+        .iter()
+        .filter(|(s, _)| *s == TransferState::Committed)
+        .count();
+    let refused = ends
+        .iter()
+        .filter(|(s, c)| {
+            *s == TransferState::Failed && c.as_deref() == Some("INSUFFICIENT_BALANCE")
+        })
+        .count();
+    assert_eq!((committed, refused), (10, 5), "{ends:?}");
+    assert_eq!(rig.funding_balance("paul").await, d("0"), "never overdrawn");
+    assert_eq!(rig.spot_balance("paul").await, d("100"));
+}
+
 #[tokio::test]
-async fn con_001_con_002_two_coordinators_move_each_transfer_once() {
+async fn con_002_two_coordinators_move_each_transfer_once() {
     let mut rig = Rig::new().await;
     let users: Vec<String> = (0..6).map(|i| format!("u{i}")).collect();
     for u in &users {
@@ -986,7 +1147,7 @@ async fn mon_001_mon_002_mon_004_the_coordinator_samples_its_alarms() {
 }
 
 #[tokio::test]
-async fn bal_002_bal_003_bal_004_bal_005_balances_and_account_status_end_to_end() {
+async fn bal_002_bal_004_bal_005_balances_and_account_status_end_to_end() {
     let mut rig = Rig::new().await;
     rig.funding("exact", "25", "ACTIVE").await;
     rig.funding("race", "100", "ACTIVE").await;
@@ -995,7 +1156,8 @@ async fn bal_002_bal_003_bal_004_bal_005_balances_and_account_status_end_to_end(
     rig.start_coordinator("coord-1", None);
     // BAL-002: the whole balance moves; the account is left at 0.
     let exact = rig.transfer("exact", "FUNDING", "SPOT", "25").await;
-    // BAL-003: two transfers announced together whose sum exceeds the balance: one of them.
+    // Two transfers whose sum exceeds the balance: one of them (BAL-003 with real concurrency:
+    // bal_003_concurrent_transfers_of_one_user_never_overdraw_end_to_end).
     let a = rig.transfer("race", "FUNDING", "SPOT", "60").await;
     let b = rig.transfer("race", "FUNDING", "SPOT", "60").await;
     // BAL-004 / BAL-005: frozen and disabled accounts send nothing.
