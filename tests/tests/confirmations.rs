@@ -440,7 +440,7 @@ fn confirmed(seen: &[Seen]) -> Vec<(&Seen, &TxConfirmed)> {
 }
 
 /// A downstream ledger that reads `tx.outcomes` only and follows, word for word, the booking
-/// rules of the README ("For downstream consumers", "Booking from tx.outcomes"):
+/// rules of docs/events.md ("Downstream: `tx.outcomes`", "Booking from `tx.outcomes`"):
 /// 1. skip an event whose `event_id` was seen;
 /// 2. `TxConfirmed` of generation g: skip it if a reversal of g was seen; otherwise, if a lower
 ///    generation is still booked, reverse it first; then book g;

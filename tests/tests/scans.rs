@@ -18,7 +18,7 @@
 //! free (`jit_above_cost`, `parallel_setup_cost` 0: a generic plan's estimate grows with the
 //! table, and at 1,000,000 final rows two scans got a parallel, JIT-compiled plan, ~28 ms per
 //! call for 2 to 25 buffers); the results are the live rows, before and after. The timings are
-//! printed (`--no-capture`) for ARCHITECTURE.md.
+//! printed (`--no-capture`) for docs/performance.md.
 //!
 //! `TXFLOW_SCANS_FINAL_ROWS` overrides the number of final rows (ARCHITECTURE.md's figures are
 //! from 1,000,000).

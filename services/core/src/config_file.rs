@@ -856,6 +856,24 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+
+    /// docs/configuration.md is the reference: every key of [`KEYS`], in backticks, with its
+    /// environment variable. A key added without its documentation fails here.
+    #[test]
+    fn every_key_and_its_variable_is_in_docs_configuration_md() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/configuration.md");
+        let doc = std::fs::read_to_string(path).expect("docs/configuration.md");
+        let missing: Vec<&str> = KEYS
+            .iter()
+            .filter(|(key, var)| !doc.contains(&format!("`{key}`")) || !doc.contains(var))
+            .map(|(key, _)| *key)
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "docs/configuration.md does not document {missing:?} (the key in backticks and its variable)"
+        );
+    }
+
     use std::collections::{BTreeSet, HashMap};
 
     use super::*;

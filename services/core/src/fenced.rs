@@ -164,7 +164,7 @@ pub const SIGNER_ROW: &str = "m.chain_id + 0 = $2 AND m.signer || '' = $3";
 /// pipeline: the state machine's move statement took 0.5-0.75 ms to plan, once per execution,
 /// and planning was 2.8-3.2 s of the ~11 s of statement time of a 2,000-request run; with generic
 /// plans here 1.2-1.4 s, and the bench database's CPU fell from 5.7-5.9 to 4.5-4.6 s (`txflow
-/// bench --compare --signers 50 --txs 40`, ARCHITECTURE "Where PostgreSQL's time goes").
+/// bench --compare --signers 50 --txs 40`, docs/performance.md, "Where PostgreSQL's time goes").
 ///
 /// A generic plan is made without the parameters' values, often on a table that was nearly empty
 /// when the connection first ran the statement, and kept until the table's statistics change. So

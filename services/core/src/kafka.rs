@@ -297,7 +297,7 @@ pub async fn ensure_topics(
 /// A client made for one call costs a connection to the broker and, when dropped, about 100 ms
 /// of librdkafka's teardown: made and dropped on every recovery scan, inside the stage's loop,
 /// it held each stage's messages up that long every scan (every second for the confirmation
-/// manager; ARCHITECTURE.md, "Latency when idle").
+/// manager; docs/performance.md, "The broker").
 pub struct TopicAdmin {
     admin: AdminClient<DefaultClientContext>,
     replication_factor: i32,

@@ -392,7 +392,7 @@ struct PipelineRun {
     /// Requests signed more than once (more than one attempt recorded): a gas bump replaced the
     /// transaction, or it was signed again for a new nonce. A run with one waited for that (a
     /// gas bump comes after a minute by default), so its `tx_per_s` is not the pipeline's
-    /// throughput (ARCHITECTURE "Eighth session": a transaction anvil left in its pool).
+    /// throughput (docs/performance.md: a transaction anvil left in its pool).
     resigned: u64,
     /// First send → last request mined.
     elapsed: Duration,

@@ -29,8 +29,8 @@
 //!
 //! The CPU seconds of this process, of PostgreSQL and of the machine over the batches are
 //! reported too (`cpu_s`, as the pipeline bench's, broker and node `null`), with the machine's per
-//! batch: what a signer's batch and drive cost whatever they carry (ARCHITECTURE "Eighth
-//! session").
+//! batch: what a signer's batch and drive cost whatever they carry (docs/performance.md,
+//! "Where PostgreSQL's time goes").
 
 use std::time::{Duration, Instant};
 
