@@ -123,7 +123,18 @@ fn is_final(a: &store::Asked) -> bool {
     match TxState::parse(&a.state) {
         Ok(TxState::Confirmed) => !a.reorged,
         Ok(TxState::Reverted) => a.settled && !a.reorged,
-        _ => false,
+        Ok(
+            TxState::Received
+            | TxState::Simulated
+            | TxState::PendingApproval
+            | TxState::Allocated
+            | TxState::Signed
+            | TxState::Submitted
+            | TxState::Mined
+            | TxState::Replaced
+            | TxState::Failed,
+        )
+        | Err(_) => false,
     }
 }
 
@@ -351,7 +362,17 @@ impl<'a> Row<'a> {
         match self.state {
             TxState::Reverted => COUNT_REVERTED,
             TxState::Confirmed => COUNT_CONFIRMED,
-            _ => COUNT_MINED,
+            // A followed row is MINED, CONFIRMED or REVERTED (`Phase::of`); the others count as
+            // mined, which they never are here.
+            TxState::Mined
+            | TxState::Received
+            | TxState::Simulated
+            | TxState::PendingApproval
+            | TxState::Allocated
+            | TxState::Signed
+            | TxState::Submitted
+            | TxState::Replaced
+            | TxState::Failed => COUNT_MINED,
         }
     }
 }

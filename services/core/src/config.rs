@@ -69,7 +69,7 @@ pub struct Config {
     /// bump raises both EIP-1559 caps at least; 10 is geth's replacement minimum, below it a
     /// node refuses the replacement as underpriced.
     pub bump_percent: u32,
-    /// `nonce.state_timeout` (`TXFLOW_NONCE_STATE_TIMEOUT_MS`, default 30000): the allocator
+    /// `nonce.state_timeout_ms` (`TXFLOW_NONCE_STATE_TIMEOUT_MS`, default 30000): the allocator
     /// aligns a signer's nonce cursor with the chain's pending nonce when the cursor was last
     /// aligned longer ago than this.
     pub nonce_state_timeout_ms: u64,
@@ -78,7 +78,7 @@ pub struct Config {
     /// allocator leaves requests waiting without a nonce, so that a stalled chain does not turn
     /// into thousands of queued nonces.
     pub max_in_flight: u32,
-    /// `approval.timeout` (`TXFLOW_APPROVAL_TIMEOUT_MS`, default 86400000, a day): a transaction
+    /// `approval.timeout_ms` (`TXFLOW_APPROVAL_TIMEOUT_MS`, default 86400000, a day): a transaction
     /// in PENDING_APPROVAL longer than this fails with `APPROVAL_TIMEOUT`.
     pub approval_timeout_ms: u64,
     /// `approval.after_deep_reorg` (`TXFLOW_APPROVAL_AFTER_DEEP_REORG`, default false): a
@@ -99,14 +99,14 @@ pub struct Config {
     /// `confirmations.receipt_workers` (`TXFLOW_RECEIPT_WORKERS`, default 10): how many
     /// `eth_getTransactionReceipt` lookups the receipt checker runs at once.
     pub receipt_workers: usize,
-    /// `confirmations.stale_receipt_timeout` (`TXFLOW_STALE_RECEIPT_TIMEOUT_MS`, default 60000):
+    /// `confirmations.stale_receipt_timeout_ms` (`TXFLOW_STALE_RECEIPT_TIMEOUT_MS`, default 60000):
     /// how long the signer's nonce must be past a submitted transaction's, with no receipt for any
     /// of its hashes, before the receipt checker looks for the proof that it was REPLACED.
     pub stale_receipt_timeout_ms: u64,
     /// `confirmations.required` (`TXFLOW_CONFIRMATIONS_REQUIRED`, default 12): how many blocks,
     /// the transaction's own included, make it final (CONFIRMED, TxConfirmed).
     pub confirmations_required: u32,
-    /// `fees.max_fee_per_gas` (`TXFLOW_MAX_FEE_PER_GAS_WEI`, default 10^12 = 1,000 gwei): the most
+    /// `fees.max_fee_per_gas_wei` (`TXFLOW_MAX_FEE_PER_GAS_WEI`, default 10^12 = 1,000 gwei): the most
     /// txflow offers per gas (both EIP-1559 caps) for a transaction it prices on its own — the
     /// defensive cancellation after a deep reorg, whose fees are raised well above the original's
     /// and the market's, and the gas bumps of stuck transactions (at it: the critical alert
@@ -342,7 +342,7 @@ impl Classify for ConfigError {
     }
 }
 
-/// The default of `fees.max_fee_per_gas`: 1,000 gwei per gas (a 21,000-gas cancellation costs at
+/// The default of `fees.max_fee_per_gas_wei`: 1,000 gwei per gas (a 21,000-gas cancellation costs at
 /// most 0.021 ETH).
 pub const DEFAULT_MAX_FEE_PER_GAS_WEI: u128 = 1_000_000_000_000;
 
@@ -357,10 +357,10 @@ pub const DEFAULT_BUMP_PERCENT: u32 = 10;
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
 /// The largest `nonce.max_in_flight` accepted: the most one allocator drive allocates.
 pub const MAX_IN_FLIGHT_LIMIT: u32 = 10_000;
-/// The default of `approval.timeout`: a day, long enough for an operator on another time zone to
+/// The default of `approval.timeout_ms`: a day, long enough for an operator on another time zone to
 /// answer, short enough that a forgotten request does not wait for ever.
 pub const DEFAULT_APPROVAL_TIMEOUT_MS: u64 = 86_400_000;
-/// The longest `approval.timeout` accepted: 30 days.
+/// The longest `approval.timeout_ms` accepted: 30 days.
 pub const MAX_APPROVAL_TIMEOUT_MS: u64 = 2_592_000_000;
 
 /// The default of `metrics.sample_ms`: the gauges are sampled every 5 s.

@@ -31,7 +31,7 @@ pub enum TxState {
     /// An attempt is in a block with status 1; not final yet.
     Mined,
     /// Final with its required confirmations. Only a reorg deeper than the required depth takes it
-    /// back (to SIMULATED, once a transaction other than its own consumed its nonce at depth).
+    /// back (to RECEIVED, once a transaction other than its own consumed its nonce at depth).
     Confirmed,
     /// An attempt is in a block with status 0: the nonce is consumed. Final once settled at the
     /// required depth (`confirmed_at`, TxConfirmed with `success = false`); before that a reorg

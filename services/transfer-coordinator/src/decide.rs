@@ -1,11 +1,9 @@
 //! The coordinator's decisions, pure (seed 004 §6.3, §9.2): what to do in each state of a
-//! transfer — a CAS, or which adapter operation to call — and how an adapter's result reads as a
-//! response of §2.3. The reversibility rule itself is the domain's
-//! ([`txflow_core::transfer::decide`]).
+//! transfer — a CAS, or which adapter operation to call. How a FUNDING result reads as a
+//! response is the adapter's (`funding::funding_response`); the reversibility rule itself is the
+//! domain's ([`txflow_core::transfer::decide`]).
 
-use txflow_core::transfer::{AccountType, AdapterResponse, Direction, TransferState, Transition};
-
-use crate::funding::{FundingError, FundingOutcome};
+use txflow_core::transfer::{AccountType, Direction, TransferState, Transition};
 
 /// An adapter operation. The source leg withdraws (and refunds), the target leg deposits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,23 +49,10 @@ pub const fn step(state: TransferState, direction: Direction) -> Step {
     }
 }
 
-/// A FUNDING adapter result as a response of §2.3. An error is never an explicit failure: the
-/// transaction may have committed with its answer lost, so its outcome is unknown.
-pub fn funding_response(result: &Result<FundingOutcome, FundingError>) -> AdapterResponse {
-    match result {
-        Ok(FundingOutcome::Applied | FundingOutcome::AlreadyApplied) => AdapterResponse::Success,
-        Ok(FundingOutcome::Rejected(r)) => AdapterResponse::ExplicitFail(r.code),
-        Err(FundingError::Db { .. }) => AdapterResponse::NetworkError,
-        Err(FundingError::Corrupt { .. } | FundingError::AssetRule(_)) => AdapterResponse::Unknown,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use txflow_core::transfer::{
-        InvalidAssetRule, Next, Rejected, TransferCode, TransferState as S, decide,
-    };
+    use txflow_core::transfer::TransferState as S;
 
     const BOTH: [Direction; 2] = [Direction::FundingToSpot, Direction::SpotToFunding];
 
@@ -137,45 +122,5 @@ mod tests {
             assert_eq!(step(S::Init, d), Step::Cas(Transition::START_SOURCE));
             assert_eq!(step(S::SourceDone, d), Step::Cas(Transition::START_TARGET));
         }
-    }
-
-    #[test]
-    fn funding_results_read_as_responses() {
-        let ok: Result<FundingOutcome, FundingError> = Ok(FundingOutcome::Applied);
-        assert_eq!(funding_response(&ok), AdapterResponse::Success);
-        let again: Result<FundingOutcome, FundingError> = Ok(FundingOutcome::AlreadyApplied);
-        assert_eq!(funding_response(&again), AdapterResponse::Success);
-        let refused: Result<FundingOutcome, FundingError> = Ok(FundingOutcome::Rejected(
-            Rejected::new(TransferCode::InsufficientBalance, "low"),
-        ));
-        assert_eq!(
-            funding_response(&refused),
-            AdapterResponse::ExplicitFail(TransferCode::InsufficientBalance)
-        );
-        let lost: Result<FundingOutcome, FundingError> = Err(FundingError::Db {
-            operation: "commit",
-            source: sqlx::Error::PoolTimedOut,
-        });
-        assert_eq!(funding_response(&lost), AdapterResponse::NetworkError);
-        let corrupt: Result<FundingOutcome, FundingError> =
-            Err(FundingError::AssetRule(InvalidAssetRule {
-                asset: "X".into(),
-                why: "test",
-            }));
-        assert_eq!(funding_response(&corrupt), AdapterResponse::Unknown);
-    }
-
-    #[test]
-    fn fnd_002_a_funding_error_in_target_pending_never_compensates() {
-        // SPOT → FUNDING: the FUNDING deposit's commit answer is lost. Compensating now could
-        // refund SPOT while FUNDING was credited: money from nothing.
-        let lost: Result<FundingOutcome, FundingError> = Err(FundingError::Db {
-            operation: "commit",
-            source: sqlx::Error::PoolTimedOut,
-        });
-        assert!(matches!(
-            decide(S::TargetPending, funding_response(&lost)),
-            Next::Stay(_)
-        ));
     }
 }

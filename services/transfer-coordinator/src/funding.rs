@@ -34,8 +34,8 @@ use rust_decimal::Decimal;
 use sqlx::{PgPool, Postgres, Transaction};
 use txflow_core::retry::{Classify, Retry};
 use txflow_core::transfer::{
-    Amount, AssetRule, AssetStatus, AssetTable, InvalidAssetRule, Rejected, TransferCode,
-    check_amount, check_asset, check_asset_code, check_id, parse_amount,
+    AdapterResponse, Amount, AssetRule, AssetStatus, AssetTable, InvalidAssetRule, Rejected,
+    TransferCode, check_amount, check_asset, check_asset_code, check_id, parse_amount,
 };
 
 /// The operations of the adapter, as `transfer_operations.op` stores them.
@@ -849,9 +849,61 @@ pub async fn load_assets(pool: &PgPool) -> Result<AssetTable, FundingError> {
     AssetTable::new(rules).map_err(FundingError::AssetRule)
 }
 
+/// A FUNDING adapter result as a response of §2.3. An error is never an explicit failure: the
+/// transaction may have committed with its answer lost, so its outcome is unknown.
+pub fn funding_response(result: &Result<FundingOutcome, FundingError>) -> AdapterResponse {
+    match result {
+        Ok(FundingOutcome::Applied | FundingOutcome::AlreadyApplied) => AdapterResponse::Success,
+        Ok(FundingOutcome::Rejected(r)) => AdapterResponse::ExplicitFail(r.code),
+        Err(FundingError::Db { .. }) => AdapterResponse::NetworkError,
+        Err(FundingError::Corrupt { .. } | FundingError::AssetRule(_)) => AdapterResponse::Unknown,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use txflow_core::transfer::{Next, TransferState as S, decide};
+
+    #[test]
+    fn funding_results_read_as_responses() {
+        let ok: Result<FundingOutcome, FundingError> = Ok(FundingOutcome::Applied);
+        assert_eq!(funding_response(&ok), AdapterResponse::Success);
+        let again: Result<FundingOutcome, FundingError> = Ok(FundingOutcome::AlreadyApplied);
+        assert_eq!(funding_response(&again), AdapterResponse::Success);
+        let refused: Result<FundingOutcome, FundingError> = Ok(FundingOutcome::Rejected(
+            Rejected::new(TransferCode::InsufficientBalance, "low"),
+        ));
+        assert_eq!(
+            funding_response(&refused),
+            AdapterResponse::ExplicitFail(TransferCode::InsufficientBalance)
+        );
+        let lost: Result<FundingOutcome, FundingError> = Err(FundingError::Db {
+            operation: "commit",
+            source: sqlx::Error::PoolTimedOut,
+        });
+        assert_eq!(funding_response(&lost), AdapterResponse::NetworkError);
+        let corrupt: Result<FundingOutcome, FundingError> =
+            Err(FundingError::AssetRule(InvalidAssetRule {
+                asset: "X".into(),
+                why: "test",
+            }));
+        assert_eq!(funding_response(&corrupt), AdapterResponse::Unknown);
+    }
+
+    #[test]
+    fn fnd_002_a_funding_error_in_target_pending_never_compensates() {
+        // SPOT → FUNDING: the FUNDING deposit's commit answer is lost. Compensating now could
+        // refund SPOT while FUNDING was credited: money from nothing.
+        let lost: Result<FundingOutcome, FundingError> = Err(FundingError::Db {
+            operation: "commit",
+            source: sqlx::Error::PoolTimedOut,
+        });
+        assert!(matches!(
+            decide(S::TargetPending, funding_response(&lost)),
+            Next::Stay(_)
+        ));
+    }
 
     #[test]
     fn stored_numerics_read_exactly() {

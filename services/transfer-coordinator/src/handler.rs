@@ -28,8 +28,8 @@ use txflow_core::transfer::{
 use uuid::Uuid;
 
 use crate::config::CoordinatorConfig;
-use crate::decide::{LegOp, Step, funding_response, step};
-use crate::funding::{FundingAdapter, FundingCall};
+use crate::decide::{LegOp, Step, step};
+use crate::funding::{FundingAdapter, FundingCall, funding_response};
 use crate::spot::{SpotAdapter, SpotCall};
 use crate::store::{self, Cas, TransferRow};
 

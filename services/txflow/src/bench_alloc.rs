@@ -317,11 +317,12 @@ pub async fn run(
     let held: Held = sqlx::query_as(
         "SELECT count(*) AS rows, count(DISTINCT nonce) AS distinct,
                 coalesce(max(nonce) + 1, 0) AS span,
-                count(*) FILTER (WHERE state = 'ALLOCATED') AS allocated
+                count(*) FILTER (WHERE state = $3) AS allocated
          FROM managed_tx WHERE chain_id = $1 AND signer = $2 AND nonce IS NOT NULL",
     )
     .bind(BENCH_CHAIN_ID)
     .bind(signer.as_str())
+    .bind(txflow_core::state::TxState::Allocated.as_str())
     .fetch_one(&pool)
     .await?;
     let gaps = held.span - held.distinct;
