@@ -144,6 +144,11 @@ struct Claims {
     scope: Option<serde_json::Value>,
 }
 
+/// 403 FORBIDDEN: the token has no `action` scope for `signer`.
+pub fn lacks(action: TxAction, signer: &str) -> ApiError {
+    ApiError::forbidden(format!("the token lacks scope {}:{signer}", action.scope()))
+}
+
 /// Who made a request: the token's `sub` and what its scopes grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
@@ -168,10 +173,7 @@ impl Caller {
         if self.scopes.may(action, signer) {
             Ok(())
         } else {
-            Err(ApiError::forbidden(format!(
-                "the token lacks scope {}:{signer}",
-                action.scope()
-            )))
+            Err(lacks(action, signer))
         }
     }
 

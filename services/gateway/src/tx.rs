@@ -636,11 +636,7 @@ async fn command(
         Some(row) if caller.scopes.may(action, &row.signer) => row,
         // A transaction the caller may see but not act on: 403; one it may not see: 404.
         Some(row) if caller.scopes.may(TxAction::Read, &row.signer) => {
-            let e = ApiError::forbidden(format!(
-                "the token lacks scope {}:{}",
-                action.scope(),
-                row.signer
-            ));
+            let e = crate::auth::lacks(action, &row.signer);
             return Err(refuse(&s, &caller, audit, &target, e).await);
         }
         _ => {

@@ -333,12 +333,13 @@ impl SpotAdapter {
     /// CREDIT: a transfer into spot, or (`compensation`) the refund of this transfer's own spot
     /// DEBIT, which the ledger applies even to a frozen account.
     pub async fn credit(&self, call: &SpotCall<'_>, compensation: bool) -> SpotAnswer {
-        self.transfer(call, SpotOp::Credit, compensation).await
+        self.transfer(call, SpotOp::Credit, compensation, compensation)
+            .await
     }
 
     /// DEBIT: a transfer out of spot.
     pub async fn debit(&self, call: &SpotCall<'_>) -> SpotAnswer {
-        self.transfer(call, SpotOp::Debit, false).await
+        self.transfer(call, SpotOp::Debit, false, false).await
     }
 
     /// A CREDIT or DEBIT checked for its shape only (ids, amount, asset code), not against the
@@ -359,20 +360,7 @@ impl SpotAdapter {
                 TransferCode::InvalidRequest,
             ));
         }
-        match validate(&self.assets(), call, true) {
-            Ok(amount) => {
-                self.request(command(
-                    call.req_id,
-                    op,
-                    call.user_id,
-                    call.asset,
-                    &amount,
-                    compensation,
-                ))
-                .await
-            }
-            Err(r) => SpotAnswer::without_reply(AdapterResponse::ExplicitFail(r.code)),
-        }
+        self.transfer(call, op, compensation, true).await
     }
 
     /// BALANCE: the ledger's balance of (user, asset) in the reply; `req_id` should be fresh (a
@@ -443,8 +431,16 @@ impl SpotAdapter {
             .await
     }
 
-    async fn transfer(&self, call: &SpotCall<'_>, op: SpotOp, compensation: bool) -> SpotAnswer {
-        match validate(&self.assets(), call, compensation) {
+    /// A CREDIT or DEBIT re-validated (`shape_only`: without the asset's transfer rules), then
+    /// produced and answered.
+    async fn transfer(
+        &self,
+        call: &SpotCall<'_>,
+        op: SpotOp,
+        compensation: bool,
+        shape_only: bool,
+    ) -> SpotAnswer {
+        match validate(&self.assets(), call, shape_only) {
             Ok(amount) => {
                 self.request(command(
                     call.req_id,

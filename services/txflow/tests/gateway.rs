@@ -934,24 +934,27 @@ async fn concurrent_requests_of_one_user_cannot_pass_the_daily_count_together() 
     assert_eq!(user_transfers(&db, "alice").await, 5, "exactly five rows");
 }
 
+/// Runs `openssl` with `args`; its standard output.
+fn openssl(args: &[&str]) -> Vec<u8> {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// `openssl` makes an RSA key pair (PKCS#1 private key, SPKI public key) in `dir`.
 fn rsa_pair(dir: &Dir) -> (Vec<u8>, PathBuf) {
     let private = dir.0.join("jwt-private.pem");
     let public = dir.0.join("jwt-public.pem");
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .output()
-            .expect("run openssl");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let path = |p: &Path| p.to_string_lossy().into_owned();
-    run(&["genrsa", "-traditional", "-out", &path(&private), "2048"]);
-    run(&[
+    openssl(&["genrsa", "-traditional", "-out", &path(&private), "2048"]);
+    openssl(&[
         "rsa",
         "-in",
         &path(&private),
@@ -1742,21 +1745,9 @@ fn b64url(bytes: &[u8]) -> String {
 
 /// An ES256 (P-256) key pair: the private key as PKCS#8 PEM, and the public point's (x, y).
 fn ec_pair(dir: &Dir) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .output()
-            .expect("run openssl");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
     let raw = dir.0.join("ec-raw.pem");
     let raw = raw.to_string_lossy().into_owned();
-    run(&[
+    openssl(&[
         "ecparam",
         "-name",
         "prime256v1",
@@ -1765,8 +1756,8 @@ fn ec_pair(dir: &Dir) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
         "-out",
         &raw,
     ]);
-    let pkcs8 = run(&["pkcs8", "-topk8", "-nocrypt", "-in", &raw]);
-    let der = run(&["ec", "-in", &raw, "-pubout", "-outform", "DER"]);
+    let pkcs8 = openssl(&["pkcs8", "-topk8", "-nocrypt", "-in", &raw]);
+    let der = openssl(&["ec", "-in", &raw, "-pubout", "-outform", "DER"]);
     // The SubjectPublicKeyInfo ends with the uncompressed point 04 || x || y.
     let point = &der[der.len() - 65..];
     assert_eq!(point[0], 4, "an uncompressed point");
@@ -1780,18 +1771,15 @@ async fn tokens_need_their_audience_issuer_a_bounded_lifetime_and_a_key_of_the_s
     let (ec_private, x, y) = ec_pair(&dir);
     let secret = b"a-rotated-in-hs256-secret-of-32-bytes-or-more";
     // The RSA key's modulus and exponent, for its JWK.
-    let modulus = std::process::Command::new("openssl")
-        .args([
-            "rsa",
-            "-pubin",
-            "-in",
-            &rsa_public.to_string_lossy(),
-            "-noout",
-            "-modulus",
-        ])
-        .output()
-        .expect("openssl");
-    let modulus = String::from_utf8_lossy(&modulus.stdout);
+    let modulus = openssl(&[
+        "rsa",
+        "-pubin",
+        "-in",
+        &rsa_public.to_string_lossy(),
+        "-noout",
+        "-modulus",
+    ]);
+    let modulus = String::from_utf8_lossy(&modulus);
     let n = hex::decode(modulus.trim().trim_start_matches("Modulus=")).expect("hex modulus");
     let jwks = json!({"keys": [
         {"kty": "oct", "kid": "hs-2026-11", "alg": "HS256", "k": b64url(secret)},

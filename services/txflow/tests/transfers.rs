@@ -118,19 +118,19 @@ impl Rig {
     }
 
     async fn start_ledger(&mut self) {
-        let cmd = self.command("spot-ledger", "ledger");
-        self.ledger = Some(spawn_child(cmd).expect("spawn txflow spot-ledger"));
-        wait_for("the spot ledger answers", LONG, || async {
-            let a = self.spot.balance(&unique("ready"), "nobody", "USDT").await;
-            (a.response == AdapterResponse::Success).then_some(())
-        })
-        .await
+        self.start_ledger_with(None).await;
     }
 
     /// The ledger, aborting (as kill -9) at fault point `point`.
     async fn start_ledger_with_fault(&mut self, point: &str) {
+        self.start_ledger_with(Some(point)).await;
+    }
+
+    async fn start_ledger_with(&mut self, fault: Option<&str>) {
         let mut cmd = self.command("spot-ledger", "ledger");
-        cmd.env("TXFLOW_FAULT", point);
+        if let Some(point) = fault {
+            cmd.env("TXFLOW_FAULT", point);
+        }
         self.ledger = Some(spawn_child(cmd).expect("spawn txflow spot-ledger"));
         wait_for("the spot ledger answers", LONG, || async {
             let a = self.spot.balance(&unique("ready"), "nobody", "USDT").await;
