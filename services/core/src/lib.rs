@@ -2,9 +2,9 @@
 //!
 //! - [`events`]: the Avro-described events and commands of the transaction pipeline, with their
 //!   schemas (from `schemas/*.avsc`) compiled in.
-//! - [`codec`]: Avro encoding, plain (datum) and in the Confluent wire format through a Schema
+//! - [`codec`] (from txflow-wire): Avro encoding, plain (datum) and in the Confluent wire format through a Schema
 //!   Registry.
-//! - [`kafka`]: client settings the pipeline relies on, topic names, topic administration.
+//! - [`kafka`] (from txflow-wire): client settings, topic names, topic administration.
 //! - [`db`]: PostgreSQL connection and the embedded migrations.
 //! - [`config`]: the typed configuration, from defaults and `TXFLOW_*` environment variables.
 //! - [`config_file`]: the configuration file (`txflow --config`), the layer under the environment.
@@ -24,7 +24,6 @@
 //! - [`retry`]: the retry classification every error type carries.
 
 pub mod chain;
-pub mod codec;
 pub mod config;
 pub mod config_file;
 pub mod db;
@@ -34,7 +33,6 @@ pub mod fault;
 pub mod fenced;
 pub mod holds;
 pub mod http;
-pub mod kafka;
 pub mod lease;
 pub mod metrics;
 pub mod otel;
@@ -49,4 +47,6 @@ pub mod txstore;
 
 // The domain (no I/O), re-exported so that `txflow_core::events::TxRequest` and the like keep
 // one path for the services.
-pub use txflow_domain::{events, failure, nonce_proof, retry, revert, state, transfer};
+pub use txflow_domain::{events, failure, nonce_proof, request, retry, revert, state, transfer};
+// The wire contract (codec, topics, keys, client settings), shared with txflow-client.
+pub use txflow_wire::{codec, kafka};

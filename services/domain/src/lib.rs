@@ -7,6 +7,7 @@
 //! - [`failure`]: the typed failure codes of `TxFailed`.
 //! - [`events`]: the Avro-described events and commands, with their schemas compiled in.
 //! - [`policy`]: whitelist, value limit, approval threshold.
+//! - [`request`]: the TxRequest contract (validation), shared by the allocator and txflow-client.
 //! - [`nonce_proof`]: whose nonce it is, on the chain's proof (REPLACED only when proven).
 //! - [`retry`]: the retry classification every error type carries.
 //! - [`revert`]: why a call reverted, read from its revert data.
@@ -21,6 +22,7 @@ pub mod failure;
 pub mod ids;
 pub mod nonce_proof;
 pub mod policy;
+pub mod request;
 pub mod retry;
 pub mod revert;
 pub mod role;

@@ -39,9 +39,9 @@ use crate::store::{self, AuditAction, AuditEntry, AuditOutcome, TxRow};
 /// The longest `request_id` (ARCHITECTURE §2).
 pub const MAX_REQUEST_ID: usize = 64;
 /// The largest gas limit accepted (the allocator's).
-pub const MAX_GAS_LIMIT: i64 = 30_000_000;
+pub use txflow_core::request::MAX_GAS_LIMIT;
 /// At most this many metadata entries, keys up to 64 bytes, values up to 256 (the allocator's).
-pub const MAX_METADATA_ENTRIES: usize = 32;
+pub use txflow_core::request::MAX_METADATA_ENTRIES;
 /// 2^256 − 1, the largest wei amount.
 const U256_MAX: &str =
     "115792089237316195423570985008687907853269984665640564039457584007913129639935";

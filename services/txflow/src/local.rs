@@ -12,12 +12,10 @@ use alloy::providers::ext::AnvilApi;
 use alloy::providers::{DynProvider, Provider, ProviderBuilder};
 use alloy::signers::local::PrivateKeySigner;
 use anyhow::Context as _;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
-use txflow_core::codec::{RegistryCodec, Subjects};
 use txflow_core::config::Config;
 use txflow_core::events::{TxCommand, TxRequest};
-use txflow_core::kafka::{ensure_topics, signer_key};
+use txflow_core::kafka::ensure_topics;
 use txflow_core::role::Role;
 
 pub const SINK: &str = "0x000000000000000000000000000000000000dead";
@@ -27,8 +25,6 @@ pub struct LocalPipeline {
     pub signers: Vec<PrivateKeySigner>,
     pub provider: DynProvider,
     pub start_block: u64,
-    codec: RegistryCodec,
-    producer: FutureProducer,
     requests: RequestSender,
     shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -76,16 +72,9 @@ impl LocalPipeline {
                 crate::roles::run_role(role, &deps, token).await
             }));
         }
-        let codec = RegistryCodec::new(&config.schema_registry_url);
-        let producer: FutureProducer = config.kafka.producer_config().create()?;
+        let producer = txflow_client::Producer::new(&client_settings(&config))?;
         Ok(LocalPipeline {
-            requests: RequestSender {
-                codec: codec.clone(),
-                producer: producer.clone(),
-                topic: config.topics.tx_requests(),
-            },
-            codec,
-            producer,
+            requests: RequestSender { producer },
             config,
             signers: keys,
             provider,
@@ -128,17 +117,7 @@ impl LocalPipeline {
     }
 
     pub async fn command(&self, c: &TxCommand) -> anyhow::Result<()> {
-        let topic = self.config.topics.tx_commands();
-        let bytes = self.codec.encode(&topic, Subjects::TopicName, c).await?;
-        self.producer
-            .send(
-                FutureRecord::to(&topic)
-                    .key(&signer_key(c.chain_id, &c.signer))
-                    .payload(&bytes),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|(e, _)| e)?;
+        self.requests.producer.command(c).await?;
         Ok(())
     }
 
@@ -213,29 +192,25 @@ impl LocalPipeline {
 /// never holds up the next request's send.
 #[derive(Clone)]
 pub struct RequestSender {
-    codec: RegistryCodec,
-    producer: FutureProducer,
-    topic: String,
+    producer: txflow_client::Producer,
 }
 
 impl RequestSender {
-    /// Encodes `r` through the registry and produces it keyed by its signer; returns once the
-    /// broker has acknowledged it.
+    /// Validates `r`, encodes it through the registry and produces it keyed by its signer
+    /// (txflow-client's [`txflow_client::Producer`]); returns once the broker acknowledged it.
     pub async fn send(&self, r: &TxRequest) -> anyhow::Result<()> {
-        let bytes = self
-            .codec
-            .encode(&self.topic, Subjects::TopicName, r)
-            .await?;
-        self.producer
-            .send(
-                FutureRecord::to(&self.topic)
-                    .key(&signer_key(r.chain_id, &r.signer))
-                    .payload(&bytes),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|(e, _)| e)?;
+        self.producer.publish(r).await?;
         Ok(())
+    }
+}
+
+/// txflow-client's settings for this configuration.
+pub fn client_settings(config: &Config) -> txflow_client::Settings {
+    txflow_client::Settings {
+        brokers: config.kafka.brokers.clone(),
+        schema_registry_url: config.schema_registry_url.clone(),
+        topic_prefix: config.topics.prefix.clone(),
+        chain_id: config.chain_id,
     }
 }
 

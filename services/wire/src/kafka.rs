@@ -11,7 +11,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-use crate::retry::{Classify, Retry};
+use txflow_domain::retry::{Classify, Retry};
 
 /// Connection and tuning settings shared by producers and consumers.
 ///

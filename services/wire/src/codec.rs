@@ -19,9 +19,9 @@ use schema_registry_converter::schema_registry_common::{
     SchemaType, SubjectNameStrategy, SuppliedSchema,
 };
 
-use crate::events::Event;
 use crate::kafka::Topics;
-use crate::retry::{Classify, Retry};
+use txflow_domain::events::Event;
+use txflow_domain::retry::{Classify, Retry};
 
 /// Why a message could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -207,7 +207,7 @@ impl RegistryCodec {
         &self,
         topics: &Topics,
     ) -> Result<Vec<(String, u32)>, CodecError> {
-        use crate::events::*;
+        use txflow_domain::events::*;
         let t = topics;
         let single = Subjects::TopicName;
         let multi = Subjects::TopicRecordName;
@@ -323,7 +323,7 @@ impl RegistryCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::{TxCommand, TxCommandKind, TxRequest};
+    use txflow_domain::events::{TxCommand, TxCommandKind, TxRequest};
 
     fn request() -> TxRequest {
         TxRequest {
