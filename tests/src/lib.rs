@@ -35,7 +35,8 @@ mod anvil;
 mod broker;
 mod db;
 pub mod fake_chain;
-pub mod fault_proxy;
+/// The JSON-RPC fault proxy (in txflow-chaos, which `txflow chaos` runs).
+pub use txflow_chaos::fault_proxy;
 mod kafka;
 pub mod notices;
 pub mod otlp;
@@ -63,6 +64,8 @@ pub struct Services {
     pub registry_url: String,
     pub tansu_bin: PathBuf,
     pub anvil_bin: PathBuf,
+    /// The schema registry's executable (`txflow chaos` starts one of its own).
+    pub registry_bin: PathBuf,
 }
 
 fn repo_root() -> PathBuf {
@@ -77,6 +80,7 @@ fn read_env() -> Option<Services> {
         registry_url: var("TXFLOW_SCHEMA_REGISTRY_URL")?,
         tansu_bin: var("TXFLOW_TANSU_BIN")?.into(),
         anvil_bin: var("TXFLOW_ANVIL_BIN")?.into(),
+        registry_bin: var("TXFLOW_REGISTRY_BIN")?.into(),
     })
 }
 
@@ -107,6 +111,7 @@ fn start_services() -> Services {
         registry_url: get("TXFLOW_SCHEMA_REGISTRY_URL"),
         tansu_bin: get("TXFLOW_TANSU_BIN").into(),
         anvil_bin: get("TXFLOW_ANVIL_BIN").into(),
+        registry_bin: get("TXFLOW_REGISTRY_BIN").into(),
     }
 }
 

@@ -422,7 +422,9 @@ impl Pipeline {
     /// Puts a [`FaultProxy`] with `rules` in front of the pipeline's anvil and points the
     /// configuration at it (`rpc_urls`): the stages started with it afterwards go through it.
     pub async fn behind_proxy(&mut self, rules: Vec<Rule>) -> FaultProxy {
-        let proxy = FaultProxy::start(&self.anvil.url, rules).await;
+        let proxy = FaultProxy::start(&self.anvil.url, rules)
+            .await
+            .expect("start the fault proxy");
         self.config.rpc_urls = vec![proxy.url.clone()];
         proxy
     }

@@ -1520,8 +1520,12 @@ async fn a_failover_to_an_endpoint_lagging_more_than_the_depth_is_not_a_reorg() 
     let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
     // Two endpoints of one chain: the first, which the pipeline uses while it answers, and a
     // second whose head the test holds back.
-    let first = FaultProxy::start(&anvil.url, vec![]).await;
-    let behind = FaultProxy::start(&anvil.url, vec![]).await;
+    let first = FaultProxy::start(&anvil.url, vec![])
+        .await
+        .expect("start the fault proxy");
+    let behind = FaultProxy::start(&anvil.url, vec![])
+        .await
+        .expect("start the fault proxy");
     let urls = vec![first.url.clone(), behind.url.clone()];
     let run = Run::start_on(anvil, 1, 3, move |c| c.rpc_urls = urls).await;
     run.mine(2).await;

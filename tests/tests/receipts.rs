@@ -295,7 +295,8 @@ async fn receipt_lookups_through_a_failing_endpoint_change_nothing_wrongly_and_l
             Rule::on(method, 10, Fault::ForwardThenLose).offset(7),
         ],
     )
-    .await;
+    .await
+    .expect("start the fault proxy");
     let mut receipts = config.clone();
     receipts.rpc_urls = vec![proxy.url.clone()];
     receipts.rpc_timeout_ms = 1000;

@@ -124,8 +124,12 @@ async fn failures_on_every_rpc_method_and_lost_send_answers_lose_nothing_and_dup
 async fn with_one_of_two_endpoints_dead_the_traffic_goes_to_the_other() {
     let mut p = Pipeline::prepare(2, |_| {}).await;
     // The first endpoint drops every connection; the second is fine.
-    let dead = FaultProxy::start(&p.anvil.url, vec![Rule::all(1, Fault::Reset)]).await;
-    let good = FaultProxy::start(&p.anvil.url, vec![]).await;
+    let dead = FaultProxy::start(&p.anvil.url, vec![Rule::all(1, Fault::Reset)])
+        .await
+        .expect("start the fault proxy");
+    let good = FaultProxy::start(&p.anvil.url, vec![])
+        .await
+        .expect("start the fault proxy");
     p.config.rpc_urls = vec![dead.url.clone(), good.url.clone()];
     let config = p.config.clone();
     p.start_stages(&config).await;

@@ -1,5 +1,5 @@
 //! `txflow`: one subcommand per service role, plus `up`, `migrate`, `replay`, `bench`, `demo`,
-//! `signers` and `config`.
+//! `chaos`, `signers` and `config`.
 //!
 //! Thin on purpose: it loads the configuration, starts logging and hands over to the crates.
 
@@ -7,6 +7,7 @@ mod bench;
 mod bench_alloc;
 mod bench_cpu;
 mod bench_stage;
+mod chaos;
 mod demo;
 mod demo_transfers;
 mod local;
@@ -89,6 +90,11 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Start everything, push a few hundred requests and show the outcomes.
     Demo,
+    /// The whole system on a chain, broker, registry and PostgreSQL cluster of its own, a seeded
+    /// schedule of faults (kills, pauses, broker and database loss, reorgs, RPC faults, bad and
+    /// duplicate input), and an oracle that checks the end state; one JSON line, exit 1 on a
+    /// violation.
+    Chaos(chaos::ChaosArgs),
     /// Print the effective configuration (defaults, file, environment, flags) as TOML, every
     /// secret redacted.
     Config,
@@ -248,6 +254,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         Command::Replay(args) => replay::run(&config, args).await,
         Command::Bench(args) => bench::run(&config, args).await,
         Command::Demo => demo::run(&config).await,
+        Command::Chaos(args) => chaos::run(args).await,
         Command::Config => {
             print!("{}", config.to_toml_redacted()?);
             Ok(())

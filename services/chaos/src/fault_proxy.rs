@@ -119,11 +119,9 @@ pub struct FaultProxy {
 
 impl FaultProxy {
     /// A proxy on a free port in front of `upstream`, with `rules`.
-    pub async fn start(upstream: &str, rules: Vec<Rule>) -> FaultProxy {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the proxy");
-        let port = listener.local_addr().expect("proxy address").port();
+    pub async fn start(upstream: &str, rules: Vec<Rule>) -> std::io::Result<FaultProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
         let state = Arc::new(State {
             upstream: upstream.to_string(),
             client: reqwest::Client::new(),
@@ -144,11 +142,11 @@ impl FaultProxy {
                 });
             }
         });
-        FaultProxy {
+        Ok(FaultProxy {
             url: format!("http://127.0.0.1:{port}"),
             state,
             task,
-        }
+        })
     }
 
     /// Replaces the rules (an empty list: forward everything).
@@ -162,6 +160,11 @@ impl FaultProxy {
     /// is forwarded (a lagging node still takes transactions). The rules apply first.
     pub fn lag_at(&self, head: Option<u64>) {
         *self.state.frozen.lock().unwrap_or_else(|p| p.into_inner()) = head;
+    }
+
+    /// A handle for another task.
+    pub fn handle(&self) -> ProxyHandle {
+        ProxyHandle(self.state.clone())
     }
 
     /// Calls seen, per method.
@@ -188,6 +191,22 @@ impl FaultProxy {
             .unwrap_or_else(|p| p.into_inner())
             .faults
             .clone()
+    }
+}
+
+/// A handle that changes a running proxy's faults from another task.
+#[derive(Clone)]
+pub struct ProxyHandle(Arc<State>);
+
+impl ProxyHandle {
+    /// [`FaultProxy::set_rules`].
+    pub fn set_rules(&self, rules: Vec<Rule>) {
+        *self.0.rules.lock().unwrap_or_else(|p| p.into_inner()) = rules;
+    }
+
+    /// [`FaultProxy::lag_at`].
+    pub fn lag_at(&self, head: Option<u64>) {
+        *self.0.frozen.lock().unwrap_or_else(|p| p.into_inner()) = head;
     }
 }
 

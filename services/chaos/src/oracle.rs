@@ -1,0 +1,256 @@
+//! What must be true at the end of a run, checked where it is true: on the final canonical chain
+//! (by calldata marker), in PostgreSQL, and in the downstream view txflow-client's
+//! `OutcomeReader` built from `tx.outcomes`.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use txflow_client::Book;
+
+/// One request of the workload.
+#[derive(Debug, Clone)]
+pub struct Requested {
+    pub signer: String,
+    pub request_id: String,
+}
+
+/// One of our transactions on the final canonical chain.
+#[derive(Debug, Clone)]
+pub struct OnChain {
+    pub signer: String,
+    pub nonce: u64,
+    /// The request its marker names; `None` for a transaction with no marker (a no-op filling
+    /// a released nonce, a cancellation's replacement).
+    pub request_id: Option<String>,
+    pub success: bool,
+    pub block: u64,
+}
+
+/// What PostgreSQL holds of one request.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub signer: String,
+    pub request_id: String,
+    pub terminal: bool,
+    pub state: String,
+}
+
+/// An event txflow recorded in `tx_events` of a type that goes on `tx.outcomes`.
+#[derive(Debug, Clone)]
+pub struct Announced {
+    pub event_id: String,
+    pub event_type: String,
+    /// Recorded before the broker last lost its topics: it may be gone with them.
+    pub before_broker_loss: bool,
+}
+
+/// Per signer: txflow's nonce cursor and the chain's nonce.
+#[derive(Debug, Clone)]
+pub struct Nonces {
+    pub signer: String,
+    pub cursor: Option<i64>,
+    pub chain: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Verdict {
+    pub requests: usize,
+    pub executed: usize,
+    pub failed: usize,
+    pub booked: usize,
+    pub reversals: usize,
+    pub events_checked: usize,
+    /// Events recorded before a broker loss and not read before it: the broker's loss, not
+    /// txflow's (a durable Kafka keeps them); their transactions' downstream view is not
+    /// compared.
+    pub lost_with_broker: usize,
+    pub violations: Vec<Violation>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Violation {
+    pub check: &'static str,
+    pub detail: String,
+}
+
+fn key(signer: &str, request_id: &str) -> (String, String) {
+    (signer.to_ascii_lowercase(), request_id.to_string())
+}
+
+/// Checks everything; `Verdict::violations` is empty when the run was correct.
+pub fn check(
+    requested: &[Requested],
+    chain: &[OnChain],
+    recorded: &[Recorded],
+    announced: &[Announced],
+    nonces: &[Nonces],
+    book: &Book,
+) -> Verdict {
+    let mut v = Verdict {
+        requests: requested.len(),
+        ..Verdict::default()
+    };
+    let mut violations = Vec::new();
+    let mut flag = |check: &'static str, detail: String| {
+        violations.push(Violation { check, detail });
+    };
+
+    // At most once on the final chain.
+    let mut mined: BTreeMap<(String, String), Vec<&OnChain>> = BTreeMap::new();
+    for t in chain {
+        if let Some(r) = &t.request_id {
+            mined.entry(key(&t.signer, r)).or_default().push(t);
+        }
+    }
+    for ((s, r), txs) in &mined {
+        if txs.len() > 1 {
+            let nonces: Vec<u64> = txs.iter().map(|t| t.nonce).collect();
+            flag(
+                "executed_twice",
+                format!(
+                    "{s} {r} is on the chain {} times (nonces {nonces:?})",
+                    txs.len()
+                ),
+            );
+        }
+    }
+
+    // Every request recorded and terminal.
+    let mut rows: BTreeMap<(String, String), Vec<&Recorded>> = BTreeMap::new();
+    for r in recorded {
+        rows.entry(key(&r.signer, &r.request_id))
+            .or_default()
+            .push(r);
+    }
+    for q in requested {
+        match rows.get(&key(&q.signer, &q.request_id)) {
+            None => flag(
+                "request_lost",
+                format!(
+                    "{} {} was published and never recorded",
+                    q.signer, q.request_id
+                ),
+            ),
+            Some(rs) if rs.iter().any(|r| !r.terminal) => {
+                let states: Vec<&str> = rs.iter().map(|r| r.state.as_str()).collect();
+                flag(
+                    "not_terminal",
+                    format!("{} {} ends in {states:?}", q.signer, q.request_id),
+                )
+            }
+            Some(_) => {}
+        }
+    }
+
+    // No event lost on tx.outcomes.
+    for a in announced {
+        v.events_checked += 1;
+        if book.has_outcome(&a.event_id) {
+            continue;
+        }
+        if a.before_broker_loss {
+            v.lost_with_broker += 1;
+        } else {
+            flag(
+                "event_lost",
+                format!(
+                    "{} {} is in tx_events and never reached tx.outcomes",
+                    a.event_type, a.event_id
+                ),
+            );
+        }
+    }
+
+    // The downstream view equals the chain.
+    for q in requested {
+        let on_chain = mined.get(&key(&q.signer, &q.request_id));
+        let executed = on_chain.is_some();
+        let views = book.by_request(&q.signer, &q.request_id);
+        let booked: Vec<_> = views.iter().filter_map(|x| x.booked.as_ref()).collect();
+        let failed = views.iter().any(|x| x.failed.is_some());
+        if executed {
+            v.executed += 1;
+        }
+        if failed {
+            v.failed += 1;
+        }
+        if !booked.is_empty() {
+            v.booked += 1;
+        }
+        v.reversals += views.iter().map(|x| x.reversals as usize).sum::<usize>();
+        if executed && failed {
+            flag(
+                "failed_but_executed",
+                format!(
+                    "{} {} has a TxFailed and is on the chain",
+                    q.signer, q.request_id
+                ),
+            );
+        }
+        match (on_chain.and_then(|t| t.first()), booked.as_slice()) {
+            (Some(t), [b]) => {
+                if b.success != t.success
+                    || b.nonce as u64 != t.nonce
+                    || b.block_number as u64 != t.block
+                {
+                    flag(
+                        "downstream_differs",
+                        format!(
+                            "{} {}: booked nonce {} block {} success {}, the chain has nonce {} block {} success {}",
+                            q.signer,
+                            q.request_id,
+                            b.nonce,
+                            b.block_number,
+                            b.success,
+                            t.nonce,
+                            t.block,
+                            t.success
+                        ),
+                    );
+                }
+            }
+            (None, []) => {}
+            (Some(_), []) if v.lost_with_broker > 0 => {
+                // Its TxConfirmed may have gone with the broker: counted above, not compared.
+            }
+            (Some(_), []) => flag(
+                "downstream_differs",
+                format!(
+                    "{} {} is on the chain and not booked downstream",
+                    q.signer, q.request_id
+                ),
+            ),
+            (None, [_, ..]) => flag(
+                "downstream_differs",
+                format!(
+                    "{} {} is booked downstream and not on the chain",
+                    q.signer, q.request_id
+                ),
+            ),
+            (Some(_), _) => flag(
+                "downstream_differs",
+                format!(
+                    "{} {} is booked by {} transactions",
+                    q.signer,
+                    q.request_id,
+                    booked.len()
+                ),
+            ),
+        }
+    }
+
+    // Nonces without gaps: what txflow allocated is what the chain used.
+    for n in nonces {
+        if n.cursor.is_some_and(|c| c as u64 != n.chain) {
+            flag(
+                "nonce_gap",
+                format!(
+                    "{}: txflow's cursor is {:?}, the chain's nonce {}",
+                    n.signer, n.cursor, n.chain
+                ),
+            );
+        }
+    }
+    v.violations = violations;
+    v
+}

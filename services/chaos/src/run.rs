@@ -1,0 +1,958 @@
+//! One chaos run: start the system, publish the workload and apply the schedule, heal, wait for
+//! every request to end, stop, and judge with the [`crate::oracle`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use alloy::consensus::Transaction as _;
+use alloy::eips::BlockNumberOrTag;
+use alloy::primitives::{Address, Bytes, U256};
+use alloy::providers::ext::AnvilApi;
+use alloy::providers::{DynProvider, Provider, ProviderBuilder};
+use alloy::rpc::types::anvil::{ReorgOptions, TransactionData};
+use alloy::signers::local::PrivateKeySigner;
+use anyhow::Context as _;
+use serde_json::json;
+use tokio::process::Command;
+use txflow_client::{
+    Book, OutcomeReader, Producer, ReadOptions, Settings, TxCommand, TxCommandKind, TxRequest,
+};
+
+use crate::cluster::{Daemon, Slot, Tools, free_port, spawn_logged};
+use crate::fault_proxy::{Fault as RpcFault, FaultProxy, Rule};
+use crate::oracle::{self, Announced, Nonces, OnChain, Recorded, Requested};
+use crate::rng::Rng;
+use crate::schedule::{Fault, ROLES, Schedule, Shape, Step};
+
+const CHAIN_ID: i64 = 31337;
+const SINK: &str = "0x000000000000000000000000000000000000dead";
+const PREFIX: &str = "chaos";
+/// At or above this value a request waits for an approval.
+const APPROVAL_THRESHOLD: u64 = 1_000_000;
+
+/// The size and shape of a run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub seed: u64,
+    pub steps: usize,
+    /// The time over which the requests and the steps are spread.
+    pub minutes: f64,
+    pub signers: usize,
+    pub requests: u64,
+    /// Requests per second (the workload stops at `requests`).
+    pub rate: f64,
+    pub processes: usize,
+    pub confirmations: u64,
+    pub lease_ms: u64,
+    /// How long the healed system may take to end every request.
+    pub settle_secs: u64,
+    /// Where the logs and the cluster go (a new temporary directory by default).
+    pub dir: Option<PathBuf>,
+    /// Keep the directory even when the run passes.
+    pub keep: bool,
+    pub tools: Tools,
+}
+
+/// The outcome, printed as one JSON line.
+pub struct Report {
+    pub line: serde_json::Value,
+    pub passed: bool,
+}
+
+fn progress(started: Instant, msg: impl AsRef<str>) {
+    eprintln!(
+        "[chaos {:>6.1}s] {}",
+        started.elapsed().as_secs_f64(),
+        msg.as_ref()
+    );
+}
+
+/// What the workload published.
+struct Workload {
+    rng: Rng,
+    keys: Vec<PrivateKeySigner>,
+    requested: Vec<TxRequest>,
+    /// Requests that wait for an operator: (index in `requested`, approve or cancel).
+    approvals: Vec<(usize, TxCommandKind)>,
+    next_id: u64,
+}
+
+impl Workload {
+    fn signer(&self, i: usize) -> String {
+        format!("{:#x}", self.keys[i].address())
+    }
+
+    fn request(
+        &mut self,
+        value: u64,
+        depends_on: Option<String>,
+        signer: Option<usize>,
+    ) -> TxRequest {
+        let signer = signer.unwrap_or_else(|| self.rng.below(self.keys.len() as u64) as usize);
+        let request_id = format!("c-{}", self.next_id);
+        self.next_id += 1;
+        TxRequest {
+            event_id: uuid::Uuid::new_v4().to_string(),
+            request_id: request_id.clone(),
+            chain_id: CHAIN_ID,
+            signer: self.signer(signer),
+            to: SINK.into(),
+            value: value.to_string(),
+            data: format!("txflow:{request_id}").into_bytes(),
+            gas_limit: None,
+            max_fee_per_gas: None,
+            max_priority_fee_per_gas: None,
+            metadata: Default::default(),
+            depends_on_request_id: depends_on,
+            depends_on_signer: None,
+            submitted_by: None,
+        }
+    }
+}
+
+/// The broker-facing side: a producer and a reader, rebuilt after the broker is lost.
+struct Client {
+    settings: Settings,
+    producer: Producer,
+    reader: Option<OutcomeReader>,
+    book: Book,
+}
+
+impl Client {
+    async fn open(settings: Settings, book: Book) -> anyhow::Result<Client> {
+        let producer = Producer::new(&settings)?;
+        let reader = OutcomeReader::resume(
+            &settings,
+            ReadOptions {
+                confirmations: true,
+            },
+            book,
+        )
+        .await?;
+        Ok(Client {
+            settings,
+            producer,
+            reader: Some(reader),
+            book: Book::new(),
+        })
+    }
+
+    fn book(&self) -> &Book {
+        match &self.reader {
+            Some(r) => r.book(),
+            None => &self.book,
+        }
+    }
+
+    async fn poll(&mut self, quiet: Duration) {
+        if let Some(r) = &mut self.reader
+            && let Err(e) = r.poll(quiet).await
+        {
+            eprintln!("chaos: reading tx.outcomes: {e}");
+        }
+    }
+
+    /// Closes the reader (before the broker goes away), keeping its book.
+    fn close(&mut self) {
+        if let Some(r) = self.reader.take() {
+            self.book = r.into_book();
+        }
+    }
+
+    async fn reopen(&mut self) -> anyhow::Result<()> {
+        let book = std::mem::take(&mut self.book);
+        *self = Client::open(self.settings.clone(), book).await?;
+        Ok(())
+    }
+
+    /// Publishes until the broker acknowledges (an upstream retries a transient failure).
+    async fn publish(&self, r: &TxRequest) -> anyhow::Result<()> {
+        for _ in 0..60 {
+            match self.producer.publish(r).await {
+                Ok(_) => return Ok(()),
+                Err(txflow_client::ClientError::Invalid(e)) => {
+                    anyhow::bail!("the workload built an invalid request: {e}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+        anyhow::bail!("request {} could not be published for 30 s", r.request_id)
+    }
+}
+
+struct System {
+    logs: PathBuf,
+    postgres: Daemon,
+    broker: Daemon,
+    registry: Daemon,
+    anvil: Daemon,
+    proxy: FaultProxy,
+    provider: DynProvider,
+    slots: Vec<Slot>,
+    env: Vec<(String, String)>,
+    db_url: String,
+    tools: Tools,
+}
+
+impl System {
+    async fn setup(&self) -> anyhow::Result<()> {
+        let mut cmd = Command::new(&self.tools.txflow);
+        cmd.args(["up", "--once"]);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("TXFLOW_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(self.env.iter().cloned());
+        let log = self.logs.join("setup.log");
+        let status = spawn_logged(cmd, &log)?.wait().await?;
+        anyhow::ensure!(
+            status.success(),
+            "txflow up --once failed (log: {})",
+            log.display()
+        );
+        Ok(())
+    }
+
+    async fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
+        Ok(sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(&self.db_url)
+            .await?)
+    }
+}
+
+/// Runs the whole thing. An error is a failure to run (a tool missing, a port taken), not a
+/// violation; violations are in the report.
+pub async fn run(o: Options) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let span_ms = (o.minutes * 60_000.0) as u64;
+    let schedule = Schedule::draw(
+        o.seed,
+        Shape {
+            steps: o.steps,
+            span_ms,
+            processes: o.processes,
+            required_confirmations: o.confirmations,
+            lease_ms: o.lease_ms,
+        },
+    );
+    let dir = match &o.dir {
+        Some(d) => d.clone(),
+        None => {
+            std::env::temp_dir().join(format!("txflow-chaos-{}-{}", o.seed, std::process::id()))
+        }
+    };
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    std::fs::write(
+        dir.join("schedule.json"),
+        serde_json::to_string_pretty(&schedule)?,
+    )?;
+    progress(
+        started,
+        format!(
+            "seed {} · {} steps over {:.1} min · {} requests at {}/s over {} signers · logs in {}",
+            o.seed,
+            o.steps,
+            o.minutes,
+            o.requests,
+            o.rate,
+            o.signers,
+            logs.display()
+        ),
+    );
+
+    let mut system = start_system(&o, &dir, &logs).await?;
+    progress(started, "system up");
+    let result = drive(&o, &schedule, &mut system, started).await;
+    for s in system.slots.drain(..) {
+        s.stop().await;
+    }
+    let verdict = match result {
+        Ok(v) => v,
+        Err(e) => {
+            stop_daemons(&mut system).await;
+            return Err(e.context(format!("seed {} (logs: {})", o.seed, logs.display())));
+        }
+    };
+    stop_daemons(&mut system).await;
+    let (verdict, last_step) = verdict;
+    let passed = verdict.violations.is_empty();
+    let line = json!({
+        "seed": o.seed,
+        "passed": passed,
+        "steps": schedule.steps.len(),
+        "fault_kinds": schedule.steps.iter().map(|s| s.fault.name()).collect::<std::collections::BTreeSet<_>>(),
+        "requests": verdict.requests,
+        "executed": verdict.executed,
+        "failed": verdict.failed,
+        "booked": verdict.booked,
+        "reversals": verdict.reversals,
+        "events_checked": verdict.events_checked,
+        "lost_with_broker": verdict.lost_with_broker,
+        "violations": verdict.violations.len(),
+        "first_violations": verdict.violations.iter().take(10).collect::<Vec<_>>(),
+        "last_step": last_step,
+        "elapsed_s": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+        "logs": if passed && !o.keep { serde_json::Value::Null } else { json!(logs.display().to_string()) },
+    });
+    if passed && !o.keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(Report { line, passed })
+}
+
+async fn stop_daemons(s: &mut System) {
+    for d in [
+        &mut s.broker,
+        &mut s.registry,
+        &mut s.anvil,
+        &mut s.postgres,
+    ] {
+        d.kill().await;
+    }
+}
+
+async fn start_system(
+    o: &Options,
+    dir: &std::path::Path,
+    logs: &std::path::Path,
+) -> anyhow::Result<System> {
+    let t = &o.tools;
+    let postgres = crate::cluster::postgres(t, dir, logs).await?;
+    let admin = format!("postgres://postgres@127.0.0.1:{}/postgres", postgres.port);
+    let db_url = format!("postgres://postgres@127.0.0.1:{}/txflow", postgres.port);
+    {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&admin)
+            .await?;
+        sqlx::query("CREATE DATABASE txflow").execute(&pool).await?;
+        pool.close().await;
+    }
+    let bport = free_port()?;
+    let tansu = t.tansu.clone();
+    let mut broker = Daemon::new("broker", bport, logs.join("broker.log"), move || {
+        let mut c = Command::new(&tansu);
+        let url = format!("tcp://127.0.0.1:{bport}");
+        c.args([
+            "broker",
+            "--storage-engine",
+            "memory://tansu/",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+        ]);
+        c
+    });
+    broker.start().await?;
+    let rport = free_port()?;
+    let reg = t.registry.clone();
+    let mut registry = Daemon::new("registry", rport, logs.join("registry.log"), move || {
+        let mut c = Command::new(&reg);
+        c.args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &rport.to_string(),
+            "--compatibility",
+            "BACKWARD",
+        ]);
+        c
+    });
+    registry.start().await?;
+    let aport = free_port()?;
+    let anvil_bin = t.anvil.clone();
+    let mut anvil = Daemon::new("anvil", aport, logs.join("anvil.log"), move || {
+        let mut c = Command::new(&anvil_bin);
+        c.args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &aport.to_string(),
+            "--block-time",
+            "0.5",
+            "--chain-id",
+            &CHAIN_ID.to_string(),
+        ]);
+        c
+    });
+    anvil.start().await?;
+    let anvil_url = format!("http://127.0.0.1:{aport}");
+    let provider = ProviderBuilder::new()
+        .connect_http(anvil_url.parse()?)
+        .erased();
+    let proxy = FaultProxy::start(&anvil_url, vec![]).await?;
+    let env: Vec<(String, String)> = [
+        ("TXFLOW_DATABASE_URL", db_url.clone()),
+        ("TXFLOW_BROKERS", format!("127.0.0.1:{bport}")),
+        (
+            "TXFLOW_SCHEMA_REGISTRY_URL",
+            format!("http://127.0.0.1:{rport}"),
+        ),
+        ("TXFLOW_TOPIC_PREFIX", PREFIX.to_string()),
+        ("TXFLOW_PARTITIONS", "4".to_string()),
+        ("TXFLOW_RPC_URLS", proxy.url.clone()),
+        ("TXFLOW_CHAIN_ID", CHAIN_ID.to_string()),
+        ("TXFLOW_LEASE_MS", o.lease_ms.to_string()),
+        ("TXFLOW_CONFIRMATIONS_REQUIRED", o.confirmations.to_string()),
+        ("TXFLOW_FETCH_WAIT_MAX_MS", "10".to_string()),
+        ("TXFLOW_RPC_TIMEOUT_MS", "2000".to_string()),
+        (
+            "TXFLOW_POLICY_APPROVAL_THRESHOLD_WEI",
+            APPROVAL_THRESHOLD.to_string(),
+        ),
+        ("TXFLOW_LOG", "info".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    Ok(System {
+        logs: logs.to_path_buf(),
+        postgres,
+        broker,
+        registry,
+        anvil,
+        proxy,
+        provider,
+        slots: Vec::new(),
+        env,
+        db_url,
+        tools: o.tools.clone(),
+    })
+}
+
+/// The run proper; returns the verdict and the number of the last step applied.
+async fn drive(
+    o: &Options,
+    schedule: &Schedule,
+    s: &mut System,
+    started: Instant,
+) -> anyhow::Result<(oracle::Verdict, Option<usize>)> {
+    let mut w = Workload {
+        rng: Rng::new(o.seed ^ 0x005E_ED0F_1234),
+        keys: (0..o.signers).map(|_| PrivateKeySigner::random()).collect(),
+        requested: Vec::new(),
+        approvals: Vec::new(),
+        next_id: 0,
+    };
+    for k in &w.keys {
+        s.provider
+            .anvil_set_balance(k.address(), U256::from(10u128.pow(22)))
+            .await?;
+    }
+    s.setup().await?;
+    let keys: Vec<String> = w
+        .keys
+        .iter()
+        .map(|k| format!("0x{}", alloy::hex::encode(k.to_bytes())))
+        .collect();
+    for role in ROLES {
+        for index in 0..o.processes {
+            let mut env = s.env.clone();
+            if role == "signer-gateway" {
+                env.push(("TXFLOW_SIGNER_KEYS".into(), keys.join(",")));
+            }
+            s.slots.push(Slot::start(
+                s.tools.txflow.clone(),
+                role,
+                index,
+                env,
+                s.logs.join(format!("{role}-{index}.log")),
+            ));
+        }
+    }
+    let settings = Settings {
+        brokers: env_of(&s.env, "TXFLOW_BROKERS"),
+        schema_registry_url: env_of(&s.env, "TXFLOW_SCHEMA_REGISTRY_URL"),
+        topic_prefix: PREFIX.into(),
+        chain_id: CHAIN_ID,
+    };
+    let mut client = Client::open(settings, Book::new()).await?;
+    let db = s.pool().await?;
+    // When the broker last lost its topics, on PostgreSQL's clock (that of tx_events.created_at).
+    let mut broker_lost_at: Option<f64> = None;
+    let span = Duration::from_millis((o.minutes * 60_000.0) as u64);
+    let mut next_step = 0;
+    let mut last_step = None;
+    let mut heads: Vec<(usize, u64)> = Vec::new();
+    let mut last_progress = Instant::now();
+    let mut last_command = Instant::now();
+    let run_start = Instant::now();
+    // Workload and schedule.
+    loop {
+        let t = run_start.elapsed();
+        let due = ((t.as_secs_f64() * o.rate) as u64).min(o.requests);
+        while (w.requested.len() as u64) < due {
+            let value = 1 + w.rng.below(1_000);
+            let r = w.request(value, None, None);
+            client.publish(&r).await?;
+            w.requested.push(r);
+        }
+        while let Some(step) = schedule
+            .steps
+            .get(next_step)
+            .filter(|x| Duration::from_millis(x.at_ms) <= t)
+        {
+            progress(
+                started,
+                format!(
+                    "step {} {}",
+                    step.number,
+                    serde_json::to_string(&step.fault)?
+                ),
+            );
+            let head = s.provider.get_block_number().await.unwrap_or(0);
+            heads.push((step.number, head));
+            apply(step, s, &mut client, &mut w, &db, &mut broker_lost_at).await?;
+            last_step = Some(step.number);
+            next_step += 1;
+        }
+        client.poll(Duration::from_millis(50)).await;
+        if last_command.elapsed() > Duration::from_secs(3) {
+            operator(&client, &mut w).await;
+            last_command = Instant::now();
+        }
+        if last_progress.elapsed() > Duration::from_secs(5) {
+            progress(started, status(&client, &w));
+            last_progress = Instant::now();
+        }
+        if t >= span && w.requested.len() as u64 >= o.requests && next_step >= schedule.steps.len()
+        {
+            break;
+        }
+    }
+    // Heal: no RPC fault, nobody paused; every request must now end.
+    s.proxy.set_rules(vec![]);
+    s.proxy.lag_at(None);
+    for slot in &s.slots {
+        slot.resume();
+    }
+    progress(started, "healed; waiting for every request to end");
+    let deadline = Instant::now() + Duration::from_secs(o.settle_secs);
+    let mut last_republish = Instant::now();
+    loop {
+        client.poll(Duration::from_millis(200)).await;
+        let open = unfinished(&client, &w);
+        if open.is_empty() && terminal_in_db(&db).await.unwrap_or(false) {
+            break;
+        }
+        if Instant::now() > deadline {
+            progress(
+                started,
+                format!(
+                    "{} requests not final after {} s; judging as is",
+                    open.len(),
+                    o.settle_secs
+                ),
+            );
+            break;
+        }
+        if last_command.elapsed() > Duration::from_secs(3) {
+            operator(&client, &mut w).await;
+            last_command = Instant::now();
+        }
+        // An upstream republishes what it has no answer for (the broker may have lost it).
+        if last_republish.elapsed() > Duration::from_secs(10) {
+            for i in open.iter().copied() {
+                let r = w.requested[i].clone();
+                if client
+                    .book()
+                    .by_request(&r.signer, &r.request_id)
+                    .is_empty()
+                {
+                    let again = TxRequest {
+                        event_id: uuid::Uuid::new_v4().to_string(),
+                        ..r
+                    };
+                    client.publish(&again).await?;
+                }
+            }
+            last_republish = Instant::now();
+        }
+        if last_progress.elapsed() > Duration::from_secs(5) {
+            progress(started, status(&client, &w));
+            last_progress = Instant::now();
+        }
+    }
+    // Stop every role, read what is left, judge.
+    for slot in s.slots.drain(..) {
+        slot.stop().await;
+    }
+    client.poll(Duration::from_secs(2)).await;
+    progress(started, "judging");
+    let verdict = judge(s, &db, &client, &w, broker_lost_at).await?;
+    if let Some(first) = verdict.violations.first() {
+        let step = heads.last().map(|(n, _)| *n);
+        progress(
+            started,
+            format!(
+                "VIOLATION {} — {} (seed {}, after step {:?}; logs: {})",
+                first.check,
+                first.detail,
+                o.seed,
+                step,
+                s.logs.display()
+            ),
+        );
+    }
+    Ok((verdict, last_step))
+}
+
+fn env_of(env: &[(String, String)], k: &str) -> String {
+    env.iter()
+        .find(|(x, _)| x == k)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+fn status(client: &Client, w: &Workload) -> String {
+    let book = client.book();
+    let finals = book
+        .views()
+        .filter(|v| v.progress == Some(txflow_client::Progress::Final))
+        .count();
+    let booked = book.views().filter(|v| v.executed()).count();
+    format!(
+        "published {} · outcomes read {} · final {} (booked {})",
+        w.requested.len(),
+        book.outcomes_read(),
+        finals,
+        booked
+    )
+}
+
+/// Indexes of requests whose downstream view is not final.
+fn unfinished(client: &Client, w: &Workload) -> Vec<usize> {
+    w.requested
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            !client
+                .book()
+                .by_request(&r.signer, &r.request_id)
+                .iter()
+                .any(|v| v.progress == Some(txflow_client::Progress::Final))
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+async fn terminal_in_db(db: &sqlx::PgPool) -> anyhow::Result<bool> {
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM managed_tx WHERE NOT (state IN ('CONFIRMED', 'FAILED') OR (state = 'REVERTED' AND confirmed_at IS NOT NULL))",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(open == 0)
+}
+
+/// The operator: each request waiting for an approval is approved or cancelled (sent again
+/// until the request is final: an early command finds nothing to approve yet).
+async fn operator(client: &Client, w: &mut Workload) {
+    for (i, kind) in w.approvals.clone() {
+        let r = &w.requested[i];
+        let views = client.book().by_request(&r.signer, &r.request_id);
+        let Some(v) = views.first() else { continue };
+        if v.progress == Some(txflow_client::Progress::Final) {
+            continue;
+        }
+        let c = TxCommand {
+            event_id: uuid::Uuid::new_v4().to_string(),
+            tx_id: v.tx_id.clone(),
+            chain_id: CHAIN_ID,
+            signer: r.signer.clone(),
+            command: kind,
+            requested_by: "chaos-operator".into(),
+            reason: Some("chaos".into()),
+        };
+        if let Err(e) = client.producer.command(&c).await {
+            eprintln!("chaos: command: {e}");
+        }
+    }
+}
+
+async fn apply(
+    step: &Step,
+    s: &mut System,
+    client: &mut Client,
+    w: &mut Workload,
+    db: &sqlx::PgPool,
+    broker_lost_at: &mut Option<f64>,
+) -> anyhow::Result<()> {
+    let slot =
+        |role: &str, index: usize| s.slots.iter().find(|x| x.role == role && x.index == index);
+    match step.fault.clone() {
+        Fault::KillRole {
+            role,
+            index,
+            restart_ms,
+        } => {
+            if let Some(x) = slot(role, index) {
+                x.kill(restart_ms);
+            }
+        }
+        Fault::PauseRole { role, index, ms } => {
+            if let Some(x) = slot(role, index) {
+                x.pause(ms);
+            }
+        }
+        Fault::KillBroker { down_ms } => {
+            client.poll(Duration::from_millis(500)).await;
+            client.close();
+            s.broker.kill().await;
+            tokio::time::sleep(Duration::from_millis(down_ms)).await;
+            s.broker.start().await?;
+            s.setup().await?;
+            // The roles' idempotent producers do not recover from a broker that lost every
+            // producer id (tansu answers UnknownProducerId for ever): the fleet is restarted,
+            // as after any broker disaster (docs/chaos.md, "What it found").
+            for x in &s.slots {
+                x.kill(200);
+            }
+            let now: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now())::float8")
+                .fetch_one(db)
+                .await?;
+            *broker_lost_at = Some(now);
+            client.reopen().await?;
+        }
+        Fault::KillPostgres { down_ms } => {
+            s.postgres.kill().await;
+            tokio::time::sleep(Duration::from_millis(down_ms)).await;
+            s.postgres.start().await?;
+        }
+        Fault::Reorg { depth, reinclude } => reorg(s, w, depth, reinclude).await?,
+        Fault::RpcErrors { ms } => rpc_for(s, ms, vec![Rule::all(3, RpcFault::Status(503))]),
+        Fault::RpcTimeouts { ms } => rpc_for(
+            s,
+            ms,
+            vec![Rule::all(4, RpcFault::Delay(Duration::from_secs(3)))],
+        ),
+        Fault::LostSendAnswers { ms } => rpc_for(
+            s,
+            ms,
+            vec![Rule::on(
+                "eth_sendRawTransaction",
+                2,
+                RpcFault::ForwardThenLose,
+            )],
+        ),
+        Fault::LaggingHead { ms, behind } => {
+            let head = s.provider.get_block_number().await?;
+            s.proxy.lag_at(Some(head.saturating_sub(behind)));
+            let proxy_state = s.proxy.handle();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                proxy_state.lag_at(None);
+            });
+        }
+        Fault::Duplicates { n } => {
+            for _ in 0..n {
+                if w.requested.is_empty() {
+                    break;
+                }
+                let i = w.rng.below(w.requested.len() as u64) as usize;
+                let again = TxRequest {
+                    event_id: uuid::Uuid::new_v4().to_string(),
+                    ..w.requested[i].clone()
+                };
+                client.publish(&again).await?;
+            }
+        }
+        Fault::BadRecords { n } => {
+            for i in 0..n {
+                let junk: Vec<u8> = (0..16 + i).map(|_| w.rng.below(256) as u8).collect();
+                let key = format!("{CHAIN_ID}:{}", w.signer(0));
+                if let Err(e) = client.producer.publish_raw(&key, &junk).await {
+                    eprintln!("chaos: bad record not published: {e}");
+                }
+            }
+        }
+        Fault::Chained { n } => {
+            let signer = w.rng.below(w.keys.len() as u64) as usize;
+            let mut parent = None;
+            for _ in 0..n {
+                let r = w.request(1, parent.clone(), Some(signer));
+                parent = Some(r.request_id.clone());
+                client.publish(&r).await?;
+                w.requested.push(r);
+            }
+        }
+        Fault::Approvals { n } => {
+            for _ in 0..n {
+                let value = APPROVAL_THRESHOLD + w.rng.below(1_000);
+                let r = w.request(value, None, None);
+                let kind = if w.rng.chance(50) {
+                    TxCommandKind::Approve
+                } else {
+                    TxCommandKind::Cancel
+                };
+                client.publish(&r).await?;
+                w.requested.push(r);
+                w.approvals.push((w.requested.len() - 1, kind));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn rpc_for(s: &System, ms: u64, rules: Vec<Rule>) {
+    s.proxy.set_rules(rules);
+    let proxy = s.proxy.handle();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        proxy.set_rules(vec![]);
+    });
+}
+
+/// Replaces the last `depth` blocks; with `reinclude`, our transactions from them are mined again
+/// in the new blocks, at other heights.
+async fn reorg(s: &System, w: &Workload, depth: u64, reinclude: bool) -> anyhow::Result<()> {
+    let head = s.provider.get_block_number().await?;
+    let depth = depth.min(head.saturating_sub(1)).max(1);
+    let ours: Vec<Address> = w.keys.iter().map(|k| k.address()).collect();
+    let mut again = Vec::new();
+    if reinclude {
+        for n in head + 1 - depth..=head {
+            let Some(block) = s
+                .provider
+                .get_block_by_number(BlockNumberOrTag::Number(n))
+                .full()
+                .await?
+            else {
+                continue;
+            };
+            for tx in block.transactions.into_transactions() {
+                if ours.contains(&tx.inner.signer()) {
+                    let raw: Option<Bytes> = s
+                        .provider
+                        .raw_request("eth_getRawTransactionByHash".into(), (tx.inner.tx_hash(),))
+                        .await?;
+                    if let Some(raw) = raw {
+                        again.push(raw);
+                    }
+                }
+            }
+        }
+    }
+    let pairs = again
+        .into_iter()
+        .enumerate()
+        .map(|(i, raw)| (TransactionData::Raw(raw), (i as u64 + 1) % depth))
+        .collect();
+    s.provider
+        .anvil_reorg(ReorgOptions {
+            depth,
+            tx_block_pairs: pairs,
+        })
+        .await?;
+    Ok(())
+}
+
+async fn judge(
+    s: &System,
+    db: &sqlx::PgPool,
+    client: &Client,
+    w: &Workload,
+    broker_lost_at: Option<f64>,
+) -> anyhow::Result<oracle::Verdict> {
+    let ours: BTreeMap<Address, String> = w
+        .keys
+        .iter()
+        .map(|k| (k.address(), format!("{:#x}", k.address())))
+        .collect();
+    let head = s.provider.get_block_number().await?;
+    let mut chain = Vec::new();
+    for n in 0..=head {
+        let Some(block) = s
+            .provider
+            .get_block_by_number(BlockNumberOrTag::Number(n))
+            .full()
+            .await?
+        else {
+            continue;
+        };
+        for tx in block.transactions.into_transactions() {
+            let Some(signer) = ours.get(&tx.inner.signer()) else {
+                continue;
+            };
+            let input = tx.input().to_vec();
+            let text = String::from_utf8_lossy(&input);
+            let request_id = text.strip_prefix("txflow:").map(str::to_string);
+            let receipt = s
+                .provider
+                .get_transaction_receipt(*tx.inner.tx_hash())
+                .await?;
+            chain.push(OnChain {
+                signer: signer.clone(),
+                nonce: tx.nonce(),
+                request_id,
+                success: receipt.map(|r| r.status()).unwrap_or(false),
+                block: n,
+            });
+        }
+    }
+    let rows: Vec<(String, String, String, bool)> = sqlx::query_as(
+        "SELECT signer, request_id, state, (state IN ('CONFIRMED', 'FAILED') OR (state = 'REVERTED' AND confirmed_at IS NOT NULL)) FROM managed_tx",
+    )
+    .fetch_all(db)
+    .await?;
+    let recorded: Vec<Recorded> = rows
+        .into_iter()
+        .map(|(signer, request_id, state, terminal)| Recorded {
+            signer,
+            request_id,
+            terminal,
+            state,
+        })
+        .collect();
+    let events: Vec<(String, String, f64)> = sqlx::query_as(
+        "SELECT event_id::text, type, extract(epoch FROM created_at)::float8 FROM tx_events
+         WHERE type IN ('TxSubmitted', 'TxFailed', 'TxMined', 'TxReverted', 'TxConfirmed', 'TxConfirmationReverted')",
+    )
+    .fetch_all(db)
+    .await?;
+    let announced: Vec<Announced> = events
+        .into_iter()
+        .map(|(event_id, event_type, at)| Announced {
+            event_id,
+            event_type,
+            before_broker_loss: broker_lost_at.is_some_and(|b| at < b),
+        })
+        .collect();
+    let mut nonces = Vec::new();
+    for (a, signer) in &ours {
+        let cursor: Option<i64> =
+            sqlx::query_scalar("SELECT next_nonce FROM signer_nonce_cursor WHERE signer = $1")
+                .bind(signer)
+                .fetch_optional(db)
+                .await?;
+        let chain = s.provider.get_transaction_count(*a).number(head).await?;
+        nonces.push(Nonces {
+            signer: signer.clone(),
+            cursor,
+            chain,
+        });
+    }
+    let requested: Vec<Requested> = w
+        .requested
+        .iter()
+        .map(|r| Requested {
+            signer: r.signer.clone(),
+            request_id: r.request_id.clone(),
+        })
+        .collect();
+    Ok(oracle::check(
+        &requested,
+        &chain,
+        &recorded,
+        &announced,
+        &nonces,
+        client.book(),
+    ))
+}

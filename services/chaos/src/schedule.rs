@@ -1,0 +1,267 @@
+//! The faults of a run, drawn from its seed. Pure: [`Schedule::draw`] with the same inputs gives
+//! the same steps, so a seed that found a violation replays the same adversary.
+
+use serde::Serialize;
+
+use crate::rng::Rng;
+
+/// The roles `txflow chaos` runs N processes of.
+pub const ROLES: [&str; 5] = [
+    "allocator",
+    "signer-gateway",
+    "broadcaster",
+    "receipt-checker",
+    "confirmation-manager",
+];
+
+/// One fault (or one burst of adversarial upstream input).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fault {
+    /// `kill -9` one process of a role; its supervisor restarts it after `restart_ms`.
+    KillRole {
+        role: &'static str,
+        index: usize,
+        restart_ms: u64,
+    },
+    /// SIGSTOP one process of a role, SIGCONT after `ms` (long enough for its leases to expire
+    /// and be stolen, when `ms` is above the lease).
+    PauseRole {
+        role: &'static str,
+        index: usize,
+        ms: u64,
+    },
+    /// `kill -9` the broker, restart it after `down_ms` (every topic is lost; the topics are
+    /// created again, PostgreSQL re-drives).
+    KillBroker { down_ms: u64 },
+    /// `kill -9` PostgreSQL (the whole process group), restart it after `down_ms`.
+    KillPostgres { down_ms: u64 },
+    /// Replace the last `depth` blocks; with `reinclude`, our removed transactions are mined
+    /// again in the new blocks (`anvil_reorg` with a transaction list).
+    Reorg { depth: u64, reinclude: bool },
+    /// Every 3rd JSON-RPC call answers 503 for `ms`.
+    RpcErrors { ms: u64 },
+    /// Every 4th JSON-RPC call waits past the client's timeout for `ms`.
+    RpcTimeouts { ms: u64 },
+    /// Every 2nd `eth_sendRawTransaction` is forwarded and its answer lost, for `ms`.
+    LostSendAnswers { ms: u64 },
+    /// The endpoint's head stays `behind` blocks back for `ms`.
+    LaggingHead { ms: u64, behind: u64 },
+    /// `n` requests already published are published again (new event ids).
+    Duplicates { n: u64 },
+    /// `n` records on `tx.requests` that are no TxRequest at all.
+    BadRecords { n: u64 },
+    /// `n` requests, each depending on the one before (a chain of `n`).
+    Chained { n: u64 },
+    /// `n` requests above the approval threshold; each is approved or cancelled by an operator
+    /// command while it waits.
+    Approvals { n: u64 },
+}
+
+impl Fault {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fault::KillRole { .. } => "kill_role",
+            Fault::PauseRole { .. } => "pause_role",
+            Fault::KillBroker { .. } => "kill_broker",
+            Fault::KillPostgres { .. } => "kill_postgres",
+            Fault::Reorg { .. } => "reorg",
+            Fault::RpcErrors { .. } => "rpc_errors",
+            Fault::RpcTimeouts { .. } => "rpc_timeouts",
+            Fault::LostSendAnswers { .. } => "lost_send_answers",
+            Fault::LaggingHead { .. } => "lagging_head",
+            Fault::Duplicates { .. } => "duplicates",
+            Fault::BadRecords { .. } => "bad_records",
+            Fault::Chained { .. } => "chained",
+            Fault::Approvals { .. } => "approvals",
+        }
+    }
+}
+
+/// Every kind of fault, by name: the first steps of a schedule cover each once.
+pub const KINDS: usize = 13;
+
+/// A fault and when it starts, in milliseconds from the start of the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Step {
+    pub number: usize,
+    pub at_ms: u64,
+    pub fault: Fault,
+}
+
+/// What a schedule is drawn for.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub steps: usize,
+    /// The time over which the steps are spread.
+    pub span_ms: u64,
+    /// Processes per role.
+    pub processes: usize,
+    pub required_confirmations: u64,
+    /// The lease: a pause longer than it lets another process steal the signer.
+    pub lease_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Schedule {
+    pub seed: u64,
+    pub steps: Vec<Step>,
+}
+
+impl Schedule {
+    /// The steps for `seed`: the first [`KINDS`] are every kind once, in an order drawn from the
+    /// seed; the rest are drawn at random. Spread evenly over the span, each with a jitter.
+    pub fn draw(seed: u64, shape: Shape) -> Schedule {
+        let mut rng = Rng::new(seed);
+        let mut kinds: Vec<usize> = (0..KINDS).collect();
+        // Fisher-Yates, from the seed.
+        for i in (1..kinds.len()).rev() {
+            let j = rng.below(i as u64 + 1) as usize;
+            kinds.swap(i, j);
+        }
+        let gap = shape.span_ms / (shape.steps as u64 + 1);
+        let steps = (0..shape.steps)
+            .map(|number| {
+                let kind = match kinds.get(number) {
+                    Some(k) => *k,
+                    None => rng.below(KINDS as u64) as usize,
+                };
+                let at_ms = gap * (number as u64 + 1) + rng.below(gap / 2 + 1);
+                Step {
+                    number,
+                    at_ms,
+                    fault: fault_of(kind, &mut rng, shape),
+                }
+            })
+            .collect();
+        Schedule { seed, steps }
+    }
+}
+
+fn fault_of(kind: usize, rng: &mut Rng, shape: Shape) -> Fault {
+    let role = ROLES[rng.below(ROLES.len() as u64) as usize];
+    let index = rng.below(shape.processes.max(1) as u64) as usize;
+    let c = shape.required_confirmations;
+    match kind {
+        0 => Fault::KillRole {
+            role,
+            index,
+            restart_ms: rng.between(200, 3_000),
+        },
+        1 => Fault::PauseRole {
+            role,
+            index,
+            // Half of them outlive the lease: the paused owner resumes after a steal.
+            ms: if rng.chance(50) {
+                rng.between(shape.lease_ms + 500, shape.lease_ms * 2 + 1_000)
+            } else {
+                rng.between(200, shape.lease_ms / 2 + 200)
+            },
+        },
+        2 => Fault::KillBroker {
+            down_ms: rng.between(500, 3_000),
+        },
+        3 => Fault::KillPostgres {
+            down_ms: rng.between(500, 3_000),
+        },
+        // Half of the reorgs are deeper than the required confirmations.
+        4 => Fault::Reorg {
+            depth: if rng.chance(50) {
+                rng.between(c + 1, c * 3 + 2)
+            } else {
+                rng.between(1, c.max(1))
+            },
+            reinclude: rng.chance(50),
+        },
+        5 => Fault::RpcErrors {
+            ms: rng.between(1_000, 5_000),
+        },
+        6 => Fault::RpcTimeouts {
+            ms: rng.between(1_000, 5_000),
+        },
+        7 => Fault::LostSendAnswers {
+            ms: rng.between(1_000, 5_000),
+        },
+        8 => Fault::LaggingHead {
+            ms: rng.between(1_000, 6_000),
+            behind: rng.between(1, c * 2 + 1),
+        },
+        9 => Fault::Duplicates {
+            n: rng.between(1, 20),
+        },
+        10 => Fault::BadRecords {
+            n: rng.between(1, 5),
+        },
+        11 => Fault::Chained {
+            n: rng.between(2, 4),
+        },
+        _ => Fault::Approvals {
+            n: rng.between(1, 3),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn shape(steps: usize) -> Shape {
+        Shape {
+            steps,
+            span_ms: 60_000,
+            processes: 2,
+            required_confirmations: 3,
+            lease_ms: 3_000,
+        }
+    }
+
+    #[test]
+    fn a_seed_replays_its_schedule() {
+        let a = Schedule::draw(42, shape(30));
+        let b = Schedule::draw(42, shape(30));
+        let c = Schedule::draw(43, shape(30));
+        assert_eq!(a.steps, b.steps);
+        assert_ne!(a.steps, c.steps);
+    }
+
+    #[test]
+    fn the_first_steps_cover_every_kind_once_in_order_of_time() {
+        for seed in 0..50 {
+            let s = Schedule::draw(seed, shape(KINDS));
+            let kinds: BTreeSet<&str> = s.steps.iter().map(|x| x.fault.name()).collect();
+            assert_eq!(kinds.len(), KINDS, "seed {seed}: {kinds:?}");
+            assert!(s.steps.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
+            assert!(s.steps.iter().all(|x| x.at_ms < 60_000));
+        }
+    }
+
+    #[test]
+    fn reorgs_go_deeper_than_the_confirmations_and_pauses_outlive_the_lease_in_some_seeds() {
+        let steps: Vec<Step> = (0..20)
+            .flat_map(|seed| Schedule::draw(seed, shape(40)).steps)
+            .collect();
+        assert!(
+            steps
+                .iter()
+                .any(|s| matches!(s.fault, Fault::Reorg { depth, .. } if depth > 3))
+        );
+        assert!(
+            steps
+                .iter()
+                .any(|s| matches!(s.fault, Fault::Reorg { depth, .. } if depth <= 3))
+        );
+        assert!(steps.iter().any(|s| matches!(
+            s.fault,
+            Fault::Reorg {
+                reinclude: true,
+                ..
+            }
+        )));
+        assert!(
+            steps
+                .iter()
+                .any(|s| matches!(s.fault, Fault::PauseRole { ms, .. } if ms > 3_000))
+        );
+    }
+}

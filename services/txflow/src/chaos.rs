@@ -1,0 +1,107 @@
+//! `txflow chaos`: a seeded schedule of faults against the whole system on infrastructure of its
+//! own, judged at the end by an oracle (the crate `txflow-chaos`; docs/chaos.md).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct ChaosArgs {
+    /// The seed of the schedule and the workload: the same seed replays the same faults and
+    /// requests at the same offsets (not the same interleaving of threads and processes).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Faults in the schedule; the first 13 are one of each kind.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// The time over which requests and faults are spread.
+    #[arg(long, default_value_t = 2.0)]
+    minutes: f64,
+    #[arg(long, default_value_t = 4)]
+    signers: usize,
+    #[arg(long, default_value_t = 200)]
+    requests: u64,
+    /// Requests per second.
+    #[arg(long, default_value_t = 5.0)]
+    rate: f64,
+    /// Processes per role.
+    #[arg(long, default_value_t = 2)]
+    processes: usize,
+    /// Confirmations a transaction needs (half the reorgs go deeper).
+    #[arg(long, default_value_t = 3)]
+    confirmations: u64,
+    /// The lease of a signer (a pause longer than it lets another process steal the signer).
+    #[arg(long, default_value_t = 3000)]
+    lease_ms: u64,
+    /// How long the healed system may take to end every request.
+    #[arg(long, default_value_t = 300)]
+    settle_secs: u64,
+    /// Where the cluster and the logs go (a new directory under the temporary directory by
+    /// default; removed after a passing run unless --keep).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long)]
+    keep: bool,
+    #[arg(long, env = "TXFLOW_TANSU_BIN")]
+    tansu_bin: PathBuf,
+    #[arg(long, env = "TXFLOW_REGISTRY_BIN")]
+    registry_bin: PathBuf,
+    #[arg(long, env = "TXFLOW_ANVIL_BIN")]
+    anvil_bin: PathBuf,
+    /// PostgreSQL's server binaries (initdb, postgres); the newest under /usr/lib/postgresql by
+    /// default.
+    #[arg(long, env = "TXFLOW_PG_BIN")]
+    pg_bin: Option<PathBuf>,
+}
+
+fn newest_pg_bin() -> anyhow::Result<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let v = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            Some((v, e.path().join("bin")))
+        })
+        .filter(|(_, p)| p.join("initdb").exists())
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, p)| p).ok_or_else(|| {
+        anyhow::anyhow!("no PostgreSQL server binaries under /usr/lib/postgresql (set --pg-bin)")
+    })
+}
+
+pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
+    let pg_bin = match args.pg_bin {
+        Some(p) => p,
+        None => newest_pg_bin()?,
+    };
+    let options = txflow_chaos::Options {
+        seed: args.seed,
+        steps: args.steps,
+        minutes: args.minutes,
+        signers: args.signers.max(1),
+        requests: args.requests,
+        rate: args.rate,
+        processes: args.processes.max(1),
+        confirmations: args.confirmations.max(1),
+        lease_ms: args.lease_ms,
+        settle_secs: args.settle_secs,
+        dir: args.dir,
+        keep: args.keep,
+        tools: txflow_chaos::cluster::Tools {
+            txflow: std::env::current_exe()?,
+            tansu: args.tansu_bin,
+            registry: args.registry_bin,
+            anvil: args.anvil_bin,
+            pg_bin,
+        },
+    };
+    let seed = options.seed;
+    let report = txflow_chaos::run(options).await?;
+    println!("{}", report.line);
+    anyhow::ensure!(
+        report.passed,
+        "the oracle found violations with seed {seed}: {} (replay: txflow chaos --seed {seed} with the same sizes)",
+        report.line["first_violations"]
+    );
+    Ok(())
+}
