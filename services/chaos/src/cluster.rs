@@ -96,6 +96,20 @@ pub fn signal_group(pid: u32, signal: i32) {
     }
 }
 
+/// `txflow <args>` with exactly `env` as its `TXFLOW_*` settings: none inherited from the shell
+/// that started `txflow chaos` (which may point at the shared local services).
+pub fn txflow_command(txflow: &Path, args: &[&str], env: &[(String, String)]) -> Command {
+    let mut cmd = Command::new(txflow);
+    cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TXFLOW_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().cloned());
+    cmd
+}
+
 /// A daemon (broker, registry, PostgreSQL, anvil) that can be killed and started again on the
 /// same port.
 pub struct Daemon {
@@ -120,6 +134,21 @@ impl Daemon {
             make: Box::new(make),
             child: None,
         }
+    }
+
+    /// A daemon that is `bin args...`, listening on `port`, logging to `<logs>/<name>.log`.
+    pub fn program(
+        name: &'static str,
+        port: u16,
+        logs: &Path,
+        bin: PathBuf,
+        args: Vec<String>,
+    ) -> Daemon {
+        Daemon::new(name, port, logs.join(format!("{name}.log")), move || {
+            let mut c = Command::new(&bin);
+            c.args(&args);
+            c
+        })
     }
 
     pub async fn start(&mut self) -> anyhow::Result<()> {
@@ -237,15 +266,8 @@ impl Slot {
         let task = tokio::spawn(async move {
             while !st.load(Ordering::SeqCst) {
                 let run = s.fetch_add(1, Ordering::SeqCst);
-                let mut cmd = Command::new(&txflow);
-                cmd.arg(role);
-                for (k, _) in std::env::vars() {
-                    if k.starts_with("TXFLOW_") {
-                        cmd.env_remove(k);
-                    }
-                }
-                cmd.envs(env.iter().cloned())
-                    .env("TXFLOW_NODE_NAME", format!("{role}-{index}-{run}"));
+                let mut cmd = txflow_command(&txflow, &[role], &env);
+                cmd.env("TXFLOW_NODE_NAME", format!("{role}-{index}-{run}"));
                 match spawn_logged(cmd, &log) {
                     Ok(mut child) => {
                         p.store(child.id().unwrap_or(0), Ordering::SeqCst);

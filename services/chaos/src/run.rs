@@ -14,18 +14,20 @@ use alloy::rpc::types::anvil::{ReorgOptions, TransactionData};
 use alloy::signers::local::PrivateKeySigner;
 use anyhow::Context as _;
 use serde_json::json;
-use tokio::process::Command;
 use txflow_client::{
     Book, OutcomeReader, Producer, ReadOptions, Settings, TxCommand, TxCommandKind, TxRequest,
 };
 
-use crate::cluster::{Daemon, Slot, Tools, free_port, spawn_logged};
+use crate::cluster::{Daemon, Slot, Tools, free_port, spawn_logged, txflow_command};
 use crate::fault_proxy::{Fault as RpcFault, FaultProxy, Rule};
 use crate::oracle::{self, Announced, Nonces, OnChain, Recorded, Requested};
 use crate::rng::Rng;
 use crate::schedule::{Fault, ROLES, Schedule, Shape, Step};
 
 const CHAIN_ID: i64 = 31337;
+/// A `managed_tx` row that is final (`TxState::is_terminal`, and REVERTED once settled).
+const TERMINAL: &str =
+    "(state IN ('CONFIRMED', 'FAILED') OR (state = 'REVERTED' AND confirmed_at IS NOT NULL))";
 const SINK: &str = "0x000000000000000000000000000000000000dead";
 const PREFIX: &str = "chaos";
 /// At or above this value a request waits for an approval.
@@ -197,14 +199,7 @@ struct System {
 
 impl System {
     async fn setup(&self) -> anyhow::Result<()> {
-        let mut cmd = Command::new(&self.tools.txflow);
-        cmd.args(["up", "--once"]);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("TXFLOW_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.envs(self.env.iter().cloned());
+        let cmd = txflow_command(&self.tools.txflow, &["up", "--once"], &self.env);
         let log = self.logs.join("setup.log");
         let status = spawn_logged(cmd, &log)?.wait().await?;
         anyhow::ensure!(
@@ -334,11 +329,14 @@ async fn start_system(
         pool.close().await;
     }
     let bport = free_port()?;
-    let tansu = t.tansu.clone();
-    let mut broker = Daemon::new("broker", bport, logs.join("broker.log"), move || {
-        let mut c = Command::new(&tansu);
-        let url = format!("tcp://127.0.0.1:{bport}");
-        c.args([
+    let strings = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<String>>();
+    let url = format!("tcp://127.0.0.1:{bport}");
+    let mut broker = Daemon::program(
+        "broker",
+        bport,
+        logs,
+        t.tansu.clone(),
+        strings(&[
             "broker",
             "--storage-engine",
             "memory://tansu/",
@@ -346,15 +344,16 @@ async fn start_system(
             &url,
             "--advertised-listener-url",
             &url,
-        ]);
-        c
-    });
+        ]),
+    );
     broker.start().await?;
     let rport = free_port()?;
-    let reg = t.registry.clone();
-    let mut registry = Daemon::new("registry", rport, logs.join("registry.log"), move || {
-        let mut c = Command::new(&reg);
-        c.args([
+    let mut registry = Daemon::program(
+        "registry",
+        rport,
+        logs,
+        t.registry.clone(),
+        strings(&[
             "serve",
             "--host",
             "127.0.0.1",
@@ -362,15 +361,16 @@ async fn start_system(
             &rport.to_string(),
             "--compatibility",
             "BACKWARD",
-        ]);
-        c
-    });
+        ]),
+    );
     registry.start().await?;
     let aport = free_port()?;
-    let anvil_bin = t.anvil.clone();
-    let mut anvil = Daemon::new("anvil", aport, logs.join("anvil.log"), move || {
-        let mut c = Command::new(&anvil_bin);
-        c.args([
+    let mut anvil = Daemon::program(
+        "anvil",
+        aport,
+        logs,
+        t.anvil.clone(),
+        strings(&[
             "--host",
             "127.0.0.1",
             "--port",
@@ -379,9 +379,8 @@ async fn start_system(
             "0.5",
             "--chain-id",
             &CHAIN_ID.to_string(),
-        ]);
-        c
-    });
+        ]),
+    );
     anvil.start().await?;
     let anvil_url = format!("http://127.0.0.1:{aport}");
     let provider = ProviderBuilder::new()
@@ -644,9 +643,9 @@ fn unfinished(client: &Client, w: &Workload) -> Vec<usize> {
 }
 
 async fn terminal_in_db(db: &sqlx::PgPool) -> anyhow::Result<bool> {
-    let open: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM managed_tx WHERE NOT (state IN ('CONFIRMED', 'FAILED') OR (state = 'REVERTED' AND confirmed_at IS NOT NULL))",
-    )
+    let open: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM managed_tx WHERE NOT {TERMINAL}"
+    ))
     .fetch_one(db)
     .await?;
     Ok(open == 0)
@@ -897,9 +896,9 @@ async fn judge(
             });
         }
     }
-    let rows: Vec<(String, String, String, bool)> = sqlx::query_as(
-        "SELECT signer, request_id, state, (state IN ('CONFIRMED', 'FAILED') OR (state = 'REVERTED' AND confirmed_at IS NOT NULL)) FROM managed_tx",
-    )
+    let rows: Vec<(String, String, String, bool)> = sqlx::query_as(&format!(
+        "SELECT signer, request_id, state, {TERMINAL} FROM managed_tx"
+    ))
     .fetch_all(db)
     .await?;
     let recorded: Vec<Recorded> = rows
