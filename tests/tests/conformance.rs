@@ -526,6 +526,7 @@ impl Fixture for Allocator {
                 policy: Policy::default(),
                 chain_id: ChainId(CHAIN_ID),
                 nonce_state_timeout: Duration::from_secs(30),
+                confirmations_required: 1,
                 max_in_flight: txflow_core::config::DEFAULT_MAX_IN_FLIGHT,
                 approval_timeout: Duration::from_millis(
                     txflow_core::config::DEFAULT_APPROVAL_TIMEOUT_MS,

@@ -779,6 +779,97 @@ async fn a_nonce_used_outside_txflow_in_a_block_a_reorg_removes_is_not_replaced_
     p.stop().await;
 }
 
+/// Found by `txflow chaos` (the `foreign_nonce` fault): a signer's nonce used outside txflow in a
+/// block that is not final when txflow first allocates for the signer. The cursor must not be
+/// aligned past it: a reorg that removes that block would leave a nonce nobody ever fills, and
+/// every transaction of the signer above it waiting for ever. The allocation takes the nonce as
+/// the last final block has it; the send finds it used in a block not final, keeps it, and mines
+/// there once the block is gone.
+#[tokio::test]
+async fn a_nonce_used_outside_txflow_before_the_first_allocation_in_a_block_a_reorg_removes_leaves_no_gap()
+ {
+    show_logs();
+    let anvil = AnvilNode::spawn_with(&["--no-mining"]).await;
+    let mut p = Pipeline::prepare_on(anvil, 1, |c| {
+        c.stale_receipt_timeout_ms = 1000;
+        c.resubmit_interval_ms = 1000;
+        c.confirmations_required = 3;
+    })
+    .await;
+    let config = p.config.clone();
+    let provider = p.provider();
+    // Blocks below, so that the reorg never reaches the genesis block.
+    provider.anvil_mine(Some(2), None).await.expect("mine");
+
+    // Someone uses nonce 0 straight on the chain, in a block 1 of 3 confirmations deep.
+    let wallet = ProviderBuilder::new()
+        .wallet(EthereumWallet::from(p.signers[0].clone()))
+        .connect_http(p.anvil.url.parse().expect("url"));
+    let outsider = TransactionRequest::default()
+        .with_to(SINK.parse::<Address>().expect("sink"))
+        .with_value(U256::from(7))
+        .with_nonce(0)
+        .with_chain_id(31337)
+        .with_gas_limit(21_000)
+        .with_max_fee_per_gas(10_000_000_000)
+        .with_max_priority_fee_per_gas(1_000_000_000);
+    let outsider = *wallet
+        .send_transaction(outsider)
+        .await
+        .expect("send outside txflow")
+        .tx_hash();
+    provider.anvil_mine(Some(1), None).await.expect("mine");
+    assert!(
+        provider
+            .get_transaction_receipt(outsider)
+            .await
+            .expect("lookup")
+            .is_some(),
+        "the outsider is mined"
+    );
+
+    // txflow's first request for the signer.
+    p.start_all_stages(&config).await;
+    p.send(&p.request(0, "first")).await;
+    wait_until("the request has a nonce", LONG, || async {
+        p.count("SELECT count(*) FROM managed_tx WHERE nonce IS NOT NULL")
+            .await
+            == 1
+    })
+    .await;
+
+    // The block that used nonce 0 is reorged out before it is final.
+    provider
+        .anvil_reorg(alloy::rpc::types::anvil::ReorgOptions {
+            depth: 1,
+            tx_block_pairs: vec![],
+        })
+        .await
+        .expect("anvil_reorg");
+    assert_eq!(
+        provider
+            .get_transaction_count(p.signers[0].address())
+            .await
+            .expect("nonce"),
+        0,
+        "nonce 0 is free again"
+    );
+    wait_until("the request is confirmed", LONG, || async {
+        provider.anvil_mine(Some(1), None).await.expect("mine");
+        p.count("SELECT count(*) FROM managed_tx WHERE state = 'CONFIRMED'")
+            .await
+            == 1
+    })
+    .await;
+    assert_eq!(recorded(&p).await[0].nonce, Some(0), "at the free nonce");
+    assert_eq!(
+        p.mined_markers().await.get("txflow:first"),
+        Some(&1),
+        "mined once"
+    );
+    p.stop().await;
+}
+
 /// Runtime code that reverts every call with `Error(text)` (ABI-encoded, at most 32 bytes of
 /// text): CODECOPY of the revert data appended to the code, then REVERT.
 fn reverts_with_error(text: &str) -> Vec<u8> {

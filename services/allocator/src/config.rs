@@ -14,8 +14,12 @@ pub struct AllocatorConfig {
     pub policy: Policy,
     /// The chain this deployment serves; requests for another are dead-lettered.
     pub chain_id: ChainId,
-    /// `nonce.state_timeout`: align the cursor with the chain's pending nonce when it is older.
+    /// `nonce.state_timeout`: align the cursor with the chain's nonce (as its last final block
+    /// has it) when it is older.
     pub nonce_state_timeout: Duration,
+    /// `confirmations.required`: a block with fewer confirmations may still be reorged out, so
+    /// a nonce used there is not used for the cursor's alignment.
+    pub confirmations_required: u32,
     /// `nonce.max_in_flight`: at most this many nonces of a signer allocated and not mined
     /// (ALLOCATED, SIGNED, SUBMITTED); above it requests wait in SIMULATED without a nonce.
     pub max_in_flight: u32,
@@ -34,6 +38,7 @@ impl AllocatorConfig {
             policy: txflow_core::policy::from_config(config)?,
             chain_id: ChainId(config.chain_id),
             nonce_state_timeout: Duration::from_millis(config.nonce_state_timeout_ms),
+            confirmations_required: config.confirmations_required,
             max_in_flight: config.max_in_flight,
             approval_timeout: Duration::from_millis(config.approval_timeout_ms),
             approval_after_deep_reorg: config.approval_after_deep_reorg,

@@ -393,11 +393,20 @@ pub fn dependency(parent_request_id: &str, parents: &[Parent]) -> Dependency {
     Dependency::Met
 }
 
-/// Whether an allocation must first align the cursor with the chain's pending nonce: when the
-/// cursor was not synced within `nonce.state_timeout`, or a transaction of the signer was
-/// REPLACED (its nonce was used outside txflow, so the cursor is behind the chain).
+/// Whether an allocation must first align the cursor with the chain's nonce: when the cursor was
+/// not synced within `nonce.state_timeout`, or a transaction of the signer was REPLACED (its
+/// nonce was used outside txflow, so the cursor is behind the chain).
 pub fn needs_chain_nonce(cursor_fresh: bool, replaced: bool) -> bool {
     !cursor_fresh || replaced
+}
+
+/// The block whose nonce the cursor is aligned with: the last final one, `required - 1` below
+/// the head (the head itself for 0 or 1). A nonce used outside txflow in a later block may be
+/// reorged out; aligning past it would leave a nonce nobody fills. Taken as final's, the nonce
+/// is sent, found used in a block not final, and kept until that block is final (then
+/// REPLACED) or gone (then mined).
+pub fn alignment_block(head: u64, required: u32) -> u64 {
+    head.saturating_sub(u64::from(required.saturating_sub(1)))
 }
 
 /// Whether any payload leaves its fees to txflow (priced from `eth_feeHistory`).
@@ -416,7 +425,7 @@ pub fn with_fees(mut p: TxPayload, fees: Option<(u128, u128)>) -> TxPayload {
     p
 }
 
-/// The chain's pending nonce as the cursor stores it (`BIGINT`): a nonce beyond `i64::MAX`
+/// A chain nonce as the cursor stores it (`BIGINT`): a nonce beyond `i64::MAX`
 /// cannot be represented and is never silently capped (aligning to a wrong nonce would send
 /// transactions the chain can never mine).
 pub fn chain_nonce(n: u64) -> Result<i64, OutOfRange> {
@@ -1025,6 +1034,14 @@ mod tests {
         for (name, requested, estimate, want) in cases {
             assert_eq!(gas_limit(requested, estimate), want, "{name}");
         }
+    }
+
+    #[test]
+    fn the_cursor_is_aligned_with_the_last_final_block() {
+        assert_eq!(alignment_block(100, 0), 100);
+        assert_eq!(alignment_block(100, 1), 100);
+        assert_eq!(alignment_block(100, 3), 98, "two blocks above it");
+        assert_eq!(alignment_block(1, 12), 0, "never below the genesis block");
     }
 
     #[test]

@@ -130,7 +130,7 @@ struct SimWrites {
 struct AllocationPlan {
     /// The signer's nonces in flight, as counted for the budget.
     in_flight: i64,
-    /// The chain's pending nonce to align the cursor on, when it was asked.
+    /// The chain's nonce at its last final block, to align the cursor on, when it was asked.
     chain_nonce: Option<i64>,
     /// The rows to allocate, in request order, with their payloads as allocated.
     ready: Vec<(TxRow, TxPayload)>,
@@ -908,11 +908,18 @@ impl RequestStage {
         let replaced = snapshot.replaced || rows.iter().any(|r| r.state == TxState::Replaced);
         // External calls first, outside the transaction.
         let chain_nonce = if decide::needs_chain_nonce(snapshot.cursor_fresh, replaced) {
+            // As the last final block has it: never past a nonce a reorg may still give back.
+            let head = self
+                .chain
+                .block_number()
+                .await
+                .map_err(|e| HandlerError::classified("head", e))?;
+            let at = decide::alignment_block(head, self.config.confirmations_required);
             let n = self
                 .chain
-                .pending_nonce(signer_address(lease)?)
+                .nonce_at(signer_address(lease)?, at)
                 .await
-                .map_err(|e| HandlerError::classified("pending nonce", e))?;
+                .map_err(|e| HandlerError::classified("final nonce", e))?;
             Some(
                 decide::chain_nonce(n)
                     .map_err(|e| HandlerError::fail("NONCE_OUT_OF_RANGE", e.to_string()))?,

@@ -70,8 +70,8 @@ pub struct Config {
     /// node refuses the replacement as underpriced.
     pub bump_percent: u32,
     /// `nonce.state_timeout_ms` (`TXFLOW_NONCE_STATE_TIMEOUT_MS`, default 30000): the allocator
-    /// aligns a signer's nonce cursor with the chain's pending nonce when the cursor was last
-    /// aligned longer ago than this.
+    /// aligns a signer's nonce cursor with the chain's nonce at its last final block when the
+    /// cursor was last aligned longer ago than this.
     pub nonce_state_timeout_ms: u64,
     /// `nonce.max_in_flight` (`TXFLOW_MAX_IN_FLIGHT`, default 64): at most this many nonces of
     /// a signer are allocated and not yet mined (ALLOCATED, SIGNED, SUBMITTED); above it the
