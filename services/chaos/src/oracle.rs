@@ -71,6 +71,35 @@ pub struct Verdict {
 pub struct Violation {
     pub check: &'static str,
     pub detail: String,
+    /// The request it is about (`signer request_id`), if one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<(String, String)>,
+    /// The block that shows it (the later execution, the booked one), if one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<u64>,
+    /// The schedule step it followed (set by the run, which knows when each step was applied).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_step: Option<usize>,
+}
+
+/// What a violation is about: a request, and the block that shows it.
+#[derive(Default)]
+struct About {
+    request: Option<(String, String)>,
+    block: Option<u64>,
+}
+
+impl About {
+    fn request(signer: &str, request_id: &str) -> About {
+        About {
+            request: Some(key(signer, request_id)),
+            block: None,
+        }
+    }
+    fn at(mut self, block: u64) -> About {
+        self.block = Some(block);
+        self
+    }
 }
 
 fn key(signer: &str, request_id: &str) -> (String, String) {
@@ -91,8 +120,14 @@ pub fn check(
         ..Verdict::default()
     };
     let mut violations = Vec::new();
-    let mut flag = |check: &'static str, detail: String| {
-        violations.push(Violation { check, detail });
+    let mut flag = |check: &'static str, detail: String, about: About| {
+        violations.push(Violation {
+            check,
+            detail,
+            request: about.request,
+            block: about.block,
+            after_step: None,
+        });
     };
 
     // At most once on the final chain.
@@ -111,6 +146,7 @@ pub fn check(
                     "{s} {r} is on the chain {} times (nonces {nonces:?})",
                     txs.len()
                 ),
+                About::request(s, r).at(txs.iter().map(|t| t.block).max().unwrap_or(0)),
             );
         }
     }
@@ -130,12 +166,14 @@ pub fn check(
                     "{} {} was published and never recorded",
                     q.signer, q.request_id
                 ),
+                About::request(&q.signer, &q.request_id),
             ),
             Some(rs) if rs.iter().any(|r| !r.terminal) => {
                 let states: Vec<&str> = rs.iter().map(|r| r.state.as_str()).collect();
                 flag(
                     "not_terminal",
                     format!("{} {} ends in {states:?}", q.signer, q.request_id),
+                    About::request(&q.signer, &q.request_id),
                 )
             }
             Some(_) => {}
@@ -157,6 +195,7 @@ pub fn check(
                     "{} {} is in tx_events and never reached tx.outcomes",
                     a.event_type, a.event_id
                 ),
+                About::default(),
             );
         }
     }
@@ -185,6 +224,8 @@ pub fn check(
                     "{} {} has a TxFailed and is on the chain",
                     q.signer, q.request_id
                 ),
+                About::request(&q.signer, &q.request_id)
+                    .at(on_chain.and_then(|t| t.first()).map_or(0, |t| t.block)),
             );
         }
         match (on_chain.and_then(|t| t.first()), booked.as_slice()) {
@@ -206,6 +247,7 @@ pub fn check(
                             t.block,
                             t.success
                         ),
+                        About::request(&q.signer, &q.request_id).at(t.block),
                     );
                 }
             }
@@ -219,6 +261,7 @@ pub fn check(
                     "{} {} is on the chain and not booked downstream",
                     q.signer, q.request_id
                 ),
+                About::request(&q.signer, &q.request_id),
             ),
             (None, [_, ..]) => flag(
                 "downstream_differs",
@@ -226,6 +269,7 @@ pub fn check(
                     "{} {} is booked downstream and not on the chain",
                     q.signer, q.request_id
                 ),
+                About::request(&q.signer, &q.request_id),
             ),
             (Some(_), _) => flag(
                 "downstream_differs",
@@ -235,6 +279,7 @@ pub fn check(
                     q.request_id,
                     booked.len()
                 ),
+                About::request(&q.signer, &q.request_id),
             ),
         }
     }
@@ -248,6 +293,7 @@ pub fn check(
                     "{}: txflow's cursor is {:?}, the chain's nonce {}",
                     n.signer, n.cursor, n.chain
                 ),
+                About::default(),
             );
         }
     }

@@ -30,6 +30,9 @@ const TERMINAL: &str =
     "(state IN ('CONFIRMED', 'FAILED') OR (state = 'REVERTED' AND confirmed_at IS NOT NULL))";
 const SINK: &str = "0x000000000000000000000000000000000000dead";
 const PREFIX: &str = "chaos";
+/// Once every request is final in PostgreSQL, how long the downstream may read nothing new before
+/// the run is judged.
+const QUIET: Duration = Duration::from_secs(20);
 /// At or above this value a request waits for an approval.
 const APPROVAL_THRESHOLD: u64 = 1_000_000;
 
@@ -78,6 +81,10 @@ struct Workload {
     /// Requests that wait for an operator: (index in `requested`, approve or cancel).
     approvals: Vec<(usize, TxCommandKind)>,
     next_id: u64,
+    /// The steps applied so far (the one being applied counts as applied).
+    applied: usize,
+    /// For each request id, the first step it can have lived through.
+    born: BTreeMap<String, usize>,
 }
 
 impl Workload {
@@ -94,6 +101,7 @@ impl Workload {
         let signer = signer.unwrap_or_else(|| self.rng.below(self.keys.len() as u64) as usize);
         let request_id = format!("c-{}", self.next_id);
         self.next_id += 1;
+        self.born.insert(request_id.clone(), self.applied);
         TxRequest {
             event_id: uuid::Uuid::new_v4().to_string(),
             request_id: request_id.clone(),
@@ -183,6 +191,39 @@ impl Client {
     }
 }
 
+/// The block clock: a block every 500 ms (anvil runs with `--no-mining`), unless a fault holds
+/// the clock (it then owns the lock and mines, or not, itself).
+#[derive(Clone)]
+struct Miner {
+    clock: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Miner {
+    const BLOCK: Duration = Duration::from_millis(500);
+
+    fn start(provider: DynProvider) -> Miner {
+        let clock = std::sync::Arc::new(tokio::sync::Mutex::new(()));
+        let held = clock.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Miner::BLOCK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let _clock = held.lock().await;
+                if let Err(e) = provider.anvil_mine(Some(1), None).await {
+                    eprintln!("chaos: mining a block: {e}");
+                }
+            }
+        });
+        Miner { clock }
+    }
+
+    /// Holds the block clock until the guard is dropped.
+    async fn hold(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.clock.lock().await
+    }
+}
+
 struct System {
     logs: PathBuf,
     postgres: Daemon,
@@ -191,6 +232,7 @@ struct System {
     anvil: Daemon,
     proxy: FaultProxy,
     provider: DynProvider,
+    miner: Miner,
     slots: Vec<Slot>,
     env: Vec<(String, String)>,
     db_url: String,
@@ -375,8 +417,8 @@ async fn start_system(
             "127.0.0.1",
             "--port",
             &aport.to_string(),
-            "--block-time",
-            "0.5",
+            // The block clock is the run's (`Miner`): a fault can hold it.
+            "--no-mining",
             "--chain-id",
             &CHAIN_ID.to_string(),
         ]),
@@ -387,6 +429,7 @@ async fn start_system(
         .connect_http(anvil_url.parse()?)
         .erased();
     let proxy = FaultProxy::start(&anvil_url, vec![]).await?;
+    let miner = Miner::start(provider.clone());
     let env: Vec<(String, String)> = [
         ("TXFLOW_DATABASE_URL", db_url.clone()),
         ("TXFLOW_BROKERS", format!("127.0.0.1:{bport}")),
@@ -419,6 +462,7 @@ async fn start_system(
         anvil,
         proxy,
         provider,
+        miner,
         slots: Vec::new(),
         env,
         db_url,
@@ -439,6 +483,8 @@ async fn drive(
         requested: Vec::new(),
         approvals: Vec::new(),
         next_id: 0,
+        applied: 0,
+        born: BTreeMap::new(),
     };
     for k in &w.keys {
         s.provider
@@ -508,7 +554,9 @@ async fn drive(
             );
             let head = s.provider.get_block_number().await.unwrap_or(0);
             heads.push((step.number, head));
+            w.applied = step.number;
             apply(step, s, &mut client, &mut w, &db, &mut broker_lost_at).await?;
+            w.applied = step.number + 1;
             last_step = Some(step.number);
             next_step += 1;
         }
@@ -535,11 +583,31 @@ async fn drive(
     progress(started, "healed; waiting for every request to end");
     let deadline = Instant::now() + Duration::from_secs(o.settle_secs);
     let mut last_republish = Instant::now();
+    let mut last_read = (client.book().outcomes_read(), Instant::now());
     loop {
         client.poll(Duration::from_millis(200)).await;
         let open = unfinished(&client, &w);
-        if open.is_empty() && terminal_in_db(&db).await.unwrap_or(false) {
-            break;
+        let read = client.book().outcomes_read();
+        if read != last_read.0 {
+            last_read = (read, Instant::now());
+        }
+        if terminal_in_db(&db).await.unwrap_or(false) {
+            if open.is_empty() {
+                break;
+            }
+            // Every request is final in PostgreSQL and nothing new reaches the downstream: what
+            // is missing went with the broker, or was lost (the oracle tells which).
+            if last_read.1.elapsed() > QUIET {
+                progress(
+                    started,
+                    format!(
+                        "every request is final in PostgreSQL; {} have no final outcome downstream and nothing new was read for {} s; judging",
+                        open.len(),
+                        QUIET.as_secs()
+                    ),
+                );
+                break;
+            }
         }
         if Instant::now() > deadline {
             progress(
@@ -585,9 +653,11 @@ async fn drive(
     }
     client.poll(Duration::from_secs(2)).await;
     progress(started, "judging");
-    let verdict = judge(s, &db, &client, &w, broker_lost_at).await?;
+    let mut verdict = judge(s, &db, &client, &w, broker_lost_at).await?;
+    for v in &mut verdict.violations {
+        v.after_step = step_followed(v, &heads, &w, last_step);
+    }
     if let Some(first) = verdict.violations.first() {
-        let step = heads.last().map(|(n, _)| *n);
         progress(
             started,
             format!(
@@ -595,12 +665,36 @@ async fn drive(
                 first.check,
                 first.detail,
                 o.seed,
-                step,
+                first.after_step,
                 s.logs.display()
             ),
         );
     }
     Ok((verdict, last_step))
+}
+
+/// The schedule step a violation followed: the last applied before the block that shows it;
+/// without a block, the first its request lived through; otherwise the last step applied.
+fn step_followed(
+    v: &oracle::Violation,
+    heads: &[(usize, u64)],
+    w: &Workload,
+    last_step: Option<usize>,
+) -> Option<usize> {
+    if let Some(block) = v.block {
+        return heads
+            .iter()
+            .rev()
+            .find(|(_, head)| *head < block)
+            .map(|(n, _)| *n);
+    }
+    if let Some((_, request_id)) = &v.request
+        && let Some(born) = w.born.get(request_id)
+        && heads.iter().any(|(n, _)| n == born)
+    {
+        return Some(*born);
+    }
+    last_step
 }
 
 fn env_of(env: &[(String, String)], k: &str) -> String {
@@ -705,6 +799,12 @@ async fn apply(
             client.poll(Duration::from_millis(500)).await;
             client.close();
             s.broker.kill().await;
+            // What was recorded before this may be gone with the broker; what is recorded from
+            // now on must reach the new one (the outbox relays it).
+            let now: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now())::float8")
+                .fetch_one(db)
+                .await?;
+            *broker_lost_at = Some(now);
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
             s.broker.start().await?;
             s.setup().await?;
@@ -714,10 +814,6 @@ async fn apply(
             for x in &s.slots {
                 x.kill(200);
             }
-            let now: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now())::float8")
-                .fetch_one(db)
-                .await?;
-            *broker_lost_at = Some(now);
             client.reopen().await?;
         }
         Fault::KillPostgres { down_ms } => {
@@ -725,7 +821,22 @@ async fn apply(
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
             s.postgres.start().await?;
         }
-        Fault::Reorg { depth, reinclude } => reorg(s, w, depth, reinclude).await?,
+        Fault::Reorg { depth, reinclude } => {
+            let again = if reinclude { Again::Spread } else { Again::No };
+            reorg(s, w, depth, again).await?
+        }
+        Fault::ForeignNonce { hold_ms } => foreign_nonce(s, client, w, hold_ms).await?,
+        Fault::ReorgWhileDown {
+            role,
+            depth,
+            down_ms,
+        } => {
+            for x in s.slots.iter().filter(|x| x.role == role) {
+                x.kill(down_ms);
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            reorg(s, w, depth, Again::Lowest).await?;
+        }
         Fault::RpcErrors { ms } => rpc_for(s, ms, vec![Rule::all(3, RpcFault::Status(503))]),
         Fault::RpcTimeouts { ms } => rpc_for(
             s,
@@ -800,6 +911,74 @@ async fn apply(
     Ok(())
 }
 
+/// A transaction from one of our signers that txflow did not send, at the signer's next nonce
+/// on the chain, paying enough to displace txflow's own from the pool; mined in one block with
+/// the block clock held for `hold_ms` (one confirmation: never final when more are required),
+/// then that block is replaced by an empty one. A request for the signer is published at the
+/// same time, so that txflow has a transaction at that nonce.
+async fn foreign_nonce(
+    s: &System,
+    client: &Client,
+    w: &mut Workload,
+    hold_ms: u64,
+) -> anyhow::Result<()> {
+    use alloy::consensus::{SignableTransaction as _, TxEip1559};
+    use alloy::eips::Encodable2718 as _;
+    use alloy::network::TxSignerSync as _;
+    use alloy::primitives::TxKind;
+
+    let i = w.rng.below(w.keys.len() as u64) as usize;
+    let value = 1 + w.rng.below(1_000);
+    let r = w.request(value, None, Some(i));
+    client.publish(&r).await?;
+    w.requested.push(r);
+    let key = w.keys[i].clone();
+    let clock = s.miner.hold().await;
+    let latest = alloy::eips::BlockId::latest();
+    let nonce = s
+        .provider
+        .get_transaction_count(key.address())
+        .block_id(latest)
+        .await?;
+    let mut tx = TxEip1559 {
+        chain_id: CHAIN_ID as u64,
+        nonce,
+        gas_limit: 21_000,
+        max_fee_per_gas: 1_000_000_000_000,
+        max_priority_fee_per_gas: 500_000_000_000,
+        to: TxKind::Call(SINK.parse()?),
+        value: U256::ZERO,
+        ..Default::default()
+    };
+    let signature = key.sign_transaction_sync(&mut tx)?;
+    let signed = tx.into_signed(signature);
+    let mut raw = Vec::new();
+    alloy::consensus::TxEnvelope::from(signed).encode_2718(&mut raw);
+    if let Err(e) = s.provider.send_raw_transaction(&raw).await {
+        eprintln!("chaos: foreign transaction at nonce {nonce} not taken: {e}");
+        return Ok(());
+    }
+    s.provider.anvil_mine(Some(1), None).await?;
+    let used = s
+        .provider
+        .get_transaction_count(key.address())
+        .block_id(latest)
+        .await?;
+    if used <= nonce {
+        eprintln!("chaos: foreign transaction at nonce {nonce} not mined");
+        return Ok(());
+    }
+    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+    s.provider
+        .anvil_reorg(ReorgOptions {
+            depth: 1,
+            tx_block_pairs: vec![],
+        })
+        .await?;
+    drop(clock);
+    Ok(())
+}
+
 fn rpc_for(s: &System, ms: u64, rules: Vec<Rule>) {
     s.proxy.set_rules(rules);
     let proxy = s.proxy.handle();
@@ -809,9 +988,21 @@ fn rpc_for(s: &System, ms: u64, rules: Vec<Rule>) {
     });
 }
 
-/// Replaces the last `depth` blocks; with `reinclude`, our transactions from them are mined again
-/// in the new blocks, at other heights.
-async fn reorg(s: &System, w: &Workload, depth: u64, reinclude: bool) -> anyhow::Result<()> {
+/// Where a reorg mines our removed transactions again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Again {
+    /// Not at all (they go back to txflow).
+    No,
+    /// Spread over the new blocks, at other heights than before.
+    Spread,
+    /// All in the lowest new block: below where they were.
+    Lowest,
+}
+
+/// Replaces the last `depth` blocks; our transactions from them are mined again as `again` says.
+async fn reorg(s: &System, w: &Workload, depth: u64, again_at: Again) -> anyhow::Result<()> {
+    let reinclude = again_at != Again::No;
+    let _clock = s.miner.hold().await;
     let head = s.provider.get_block_number().await?;
     let depth = depth.min(head.saturating_sub(1)).max(1);
     let ours: Vec<Address> = w.keys.iter().map(|k| k.address()).collect();
@@ -842,7 +1033,13 @@ async fn reorg(s: &System, w: &Workload, depth: u64, reinclude: bool) -> anyhow:
     let pairs = again
         .into_iter()
         .enumerate()
-        .map(|(i, raw)| (TransactionData::Raw(raw), (i as u64 + 1) % depth))
+        .map(|(i, raw)| {
+            let at = match again_at {
+                Again::Lowest => 0,
+                _ => (i as u64 + 1) % depth,
+            };
+            (TransactionData::Raw(raw), at)
+        })
         .collect();
     s.provider
         .anvil_reorg(ReorgOptions {

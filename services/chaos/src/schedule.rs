@@ -56,6 +56,19 @@ pub enum Fault {
     /// `n` requests above the approval threshold; each is approved or cancelled by an operator
     /// command while it waits.
     Approvals { n: u64 },
+    /// A transaction txflow did not send, from one of its signers, at the nonce txflow uses
+    /// next (it displaces txflow's own from the pool), mined with the block clock held for
+    /// `hold_ms` (the block stays short of final), then removed by a one-block reorg: the nonce
+    /// was never proven used by someone else, and stays txflow's.
+    ForeignNonce { hold_ms: u64 },
+    /// Every process of `role` killed; while they are down, a reorg `depth` blocks deep (deeper
+    /// than the confirmations) mines our removed transactions again in its lowest new block;
+    /// the processes restart after `down_ms`.
+    ReorgWhileDown {
+        role: &'static str,
+        depth: u64,
+        down_ms: u64,
+    },
 }
 
 impl Fault {
@@ -74,12 +87,14 @@ impl Fault {
             Fault::BadRecords { .. } => "bad_records",
             Fault::Chained { .. } => "chained",
             Fault::Approvals { .. } => "approvals",
+            Fault::ForeignNonce { .. } => "foreign_nonce",
+            Fault::ReorgWhileDown { .. } => "reorg_while_down",
         }
     }
 }
 
 /// Every kind of fault, by name: the first steps of a schedule cover each once.
-pub const KINDS: usize = 13;
+pub const KINDS: usize = 15;
 
 /// A fault and when it starts, in milliseconds from the start of the run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -195,8 +210,20 @@ fn fault_of(kind: usize, rng: &mut Rng, shape: Shape) -> Fault {
         11 => Fault::Chained {
             n: rng.between(2, 4),
         },
-        _ => Fault::Approvals {
+        12 => Fault::Approvals {
             n: rng.between(1, 3),
+        },
+        13 => Fault::ForeignNonce {
+            hold_ms: rng.between(1_500, 5_000),
+        },
+        _ => Fault::ReorgWhileDown {
+            role: if rng.chance(50) {
+                "confirmation-manager"
+            } else {
+                "receipt-checker"
+            },
+            depth: rng.between(c + 1, c * 2 + 2),
+            down_ms: rng.between(2_000, 8_000),
         },
     }
 }
@@ -262,6 +289,18 @@ mod tests {
             steps
                 .iter()
                 .any(|s| matches!(s.fault, Fault::PauseRole { ms, .. } if ms > 3_000))
+        );
+        // A reorg while a role is down is always deeper than the confirmations, and the foreign
+        // transaction's block is held short of final (one confirmation of three).
+        assert!(steps.iter().all(|s| match s.fault {
+            Fault::ReorgWhileDown { depth, role, .. } =>
+                depth > 3 && ["confirmation-manager", "receipt-checker"].contains(&role),
+            _ => true,
+        }));
+        assert!(
+            steps
+                .iter()
+                .any(|s| matches!(s.fault, Fault::ForeignNonce { .. }))
         );
     }
 }

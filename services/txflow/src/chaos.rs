@@ -11,7 +11,7 @@ pub struct ChaosArgs {
     /// requests at the same offsets (not the same interleaving of threads and processes).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Faults in the schedule; the first 13 are one of each kind.
+    /// Faults in the schedule; the first 15 are one of each kind.
     #[arg(long, default_value_t = 20)]
     steps: usize,
     /// The time over which requests and faults are spread.
