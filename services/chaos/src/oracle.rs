@@ -80,6 +80,9 @@ pub struct Violation {
     /// The schedule step it followed (set by the run, which knows when each step was applied).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub after_step: Option<usize>,
+    /// The first step its request lived through (set by the run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since_step: Option<usize>,
 }
 
 /// What a violation is about: a request, and the block that shows it.
@@ -127,6 +130,7 @@ pub fn check(
             request: about.request,
             block: about.block,
             after_step: None,
+            since_step: None,
         });
     };
 

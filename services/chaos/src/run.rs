@@ -88,6 +88,11 @@ struct Workload {
 }
 
 impl Workload {
+    /// The signers the workload and the other faults draw from: all but the quiet one.
+    fn busy(&self) -> usize {
+        self.keys.len() - 1
+    }
+
     fn signer(&self, i: usize) -> String {
         format!("{:#x}", self.keys[i].address())
     }
@@ -98,7 +103,7 @@ impl Workload {
         depends_on: Option<String>,
         signer: Option<usize>,
     ) -> TxRequest {
-        let signer = signer.unwrap_or_else(|| self.rng.below(self.keys.len() as u64) as usize);
+        let signer = signer.unwrap_or_else(|| self.rng.below(self.busy() as u64) as usize);
         let request_id = format!("c-{}", self.next_id);
         self.next_id += 1;
         self.born.insert(request_id.clone(), self.applied);
@@ -479,7 +484,10 @@ async fn drive(
 ) -> anyhow::Result<(oracle::Verdict, Option<usize>)> {
     let mut w = Workload {
         rng: Rng::new(o.seed ^ 0x005E_ED0F_1234),
-        keys: (0..o.signers).map(|_| PrivateKeySigner::random()).collect(),
+        // The workload's signers, and one more that only `reorg_while_down` uses (its last).
+        keys: (0..=o.signers)
+            .map(|_| PrivateKeySigner::random())
+            .collect(),
         requested: Vec::new(),
         approvals: Vec::new(),
         next_id: 0,
@@ -656,16 +664,23 @@ async fn drive(
     let mut verdict = judge(s, &db, &client, &w, broker_lost_at).await?;
     for v in &mut verdict.violations {
         v.after_step = step_followed(v, &heads, &w, last_step);
+        v.since_step = v
+            .request
+            .as_ref()
+            .and_then(|(_, id)| w.born.get(id))
+            .copied()
+            .filter(|born| heads.iter().any(|(n, _)| n == born));
     }
     if let Some(first) = verdict.violations.first() {
         progress(
             started,
             format!(
-                "VIOLATION {} — {} (seed {}, after step {:?}; logs: {})",
+                "VIOLATION {} — {} (seed {}, after step {:?}, its request living through steps from {:?}; logs: {})",
                 first.check,
                 first.detail,
                 o.seed,
                 first.after_step,
+                first.since_step,
                 s.logs.display()
             ),
         );
@@ -830,13 +845,7 @@ async fn apply(
             role,
             depth,
             down_ms,
-        } => {
-            for x in s.slots.iter().filter(|x| x.role == role) {
-                x.kill(down_ms);
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            reorg(s, w, depth, Again::Lowest).await?;
-        }
+        } => reorg_while_down(s, client, w, db, role, depth, down_ms).await?,
         Fault::RpcErrors { ms } => rpc_for(s, ms, vec![Rule::all(3, RpcFault::Status(503))]),
         Fault::RpcTimeouts { ms } => rpc_for(
             s,
@@ -884,7 +893,7 @@ async fn apply(
             }
         }
         Fault::Chained { n } => {
-            let signer = w.rng.below(w.keys.len() as u64) as usize;
+            let signer = w.rng.below(w.busy() as u64) as usize;
             let mut parent = None;
             for _ in 0..n {
                 let r = w.request(1, parent.clone(), Some(signer));
@@ -911,6 +920,59 @@ async fn apply(
     Ok(())
 }
 
+/// A request of the quiet signer (nothing else of it in flight) is taken to CONFIRMED; every
+/// process of `role` is killed; a reorg deep enough to remove its block (and at least `depth`)
+/// mines it again in the lowest new block; the processes restart after `down_ms`. The
+/// confirmation manager then finds its transaction undone with no other block of the signer to
+/// follow from.
+async fn reorg_while_down(
+    s: &System,
+    client: &Client,
+    w: &mut Workload,
+    db: &sqlx::PgPool,
+    role: &str,
+    depth: u64,
+    down_ms: u64,
+) -> anyhow::Result<()> {
+    let quiet = w.keys.len() - 1;
+    let value = 1 + w.rng.below(1_000);
+    let r = w.request(value, None, Some(quiet));
+    client.publish(&r).await?;
+    let request_id = r.request_id.clone();
+    w.requested.push(r);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let block = loop {
+        let mined: Option<i64> = sqlx::query_scalar(
+            "SELECT mined_block_number FROM managed_tx WHERE request_id = $1 AND state = 'CONFIRMED'",
+        )
+        .bind(&request_id)
+        .fetch_optional(db)
+        .await
+        .ok()
+        .flatten();
+        if let Some(b) = mined {
+            break Some(b as u64);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for x in s.slots.iter().filter(|x| x.role == role) {
+        x.kill(down_ms);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let head = s.provider.get_block_number().await?;
+    let depth = match block {
+        Some(b) => depth.max(head + 1 - b.min(head)),
+        None => {
+            eprintln!("chaos: {request_id} not confirmed within 30 s; reorging {depth} blocks");
+            depth
+        }
+    };
+    reorg(s, w, depth, Again::Lowest).await
+}
+
 /// A transaction from one of our signers that txflow did not send, at the signer's next nonce
 /// on the chain, paying enough to displace txflow's own from the pool; mined in one block with
 /// the block clock held for `hold_ms` (one confirmation: never final when more are required),
@@ -927,7 +989,7 @@ async fn foreign_nonce(
     use alloy::network::TxSignerSync as _;
     use alloy::primitives::TxKind;
 
-    let i = w.rng.below(w.keys.len() as u64) as usize;
+    let i = w.rng.below(w.busy() as u64) as usize;
     let value = 1 + w.rng.below(1_000);
     let r = w.request(value, None, Some(i));
     client.publish(&r).await?;

@@ -173,8 +173,14 @@ fn fault_of(kind: usize, rng: &mut Rng, shape: Shape) -> Fault {
                 rng.between(200, shape.lease_ms / 2 + 200)
             },
         },
+        // Half of the outages outlive the producers' delivery timeout (30 s): the produces in
+        // flight fail, and only what the outbox relays reaches the new broker.
         2 => Fault::KillBroker {
-            down_ms: rng.between(500, 3_000),
+            down_ms: if rng.chance(50) {
+                rng.between(31_000, 35_000)
+            } else {
+                rng.between(500, 3_000)
+            },
         },
         3 => Fault::KillPostgres {
             down_ms: rng.between(500, 3_000),
@@ -301,6 +307,11 @@ mod tests {
             steps
                 .iter()
                 .any(|s| matches!(s.fault, Fault::ForeignNonce { .. }))
+        );
+        assert!(
+            steps
+                .iter()
+                .any(|s| matches!(s.fault, Fault::KillBroker { down_ms } if down_ms > 30_000))
         );
     }
 }

@@ -42,12 +42,15 @@ pub struct ChaosArgs {
     dir: Option<PathBuf>,
     #[arg(long)]
     keep: bool,
+    /// Print the schedule the seed draws for these sizes, as JSON, and run nothing.
+    #[arg(long)]
+    schedule: bool,
     #[arg(long, env = "TXFLOW_TANSU_BIN")]
-    tansu_bin: PathBuf,
+    tansu_bin: Option<PathBuf>,
     #[arg(long, env = "TXFLOW_REGISTRY_BIN")]
-    registry_bin: PathBuf,
+    registry_bin: Option<PathBuf>,
     #[arg(long, env = "TXFLOW_ANVIL_BIN")]
-    anvil_bin: PathBuf,
+    anvil_bin: Option<PathBuf>,
     /// PostgreSQL's server binaries (initdb, postgres); the newest under /usr/lib/postgresql by
     /// default.
     #[arg(long, env = "TXFLOW_PG_BIN")]
@@ -70,6 +73,26 @@ fn newest_pg_bin() -> anyhow::Result<PathBuf> {
 }
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
+    if args.schedule {
+        let schedule = txflow_chaos::schedule::Schedule::draw(
+            args.seed,
+            txflow_chaos::schedule::Shape {
+                steps: args.steps,
+                span_ms: (args.minutes * 60_000.0) as u64,
+                processes: args.processes.max(1),
+                required_confirmations: args.confirmations.max(1),
+                lease_ms: args.lease_ms,
+            },
+        );
+        println!("{}", serde_json::to_string(&schedule)?);
+        return Ok(());
+    }
+    let tool = |p: Option<PathBuf>, flag: &str, env: &str| {
+        p.ok_or_else(|| anyhow::anyhow!("{flag} (or {env}) is required to run"))
+    };
+    let tansu = tool(args.tansu_bin, "--tansu-bin", "TXFLOW_TANSU_BIN")?;
+    let registry = tool(args.registry_bin, "--registry-bin", "TXFLOW_REGISTRY_BIN")?;
+    let anvil = tool(args.anvil_bin, "--anvil-bin", "TXFLOW_ANVIL_BIN")?;
     let pg_bin = match args.pg_bin {
         Some(p) => p,
         None => newest_pg_bin()?,
@@ -89,9 +112,9 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
         keep: args.keep,
         tools: txflow_chaos::cluster::Tools {
             txflow: std::env::current_exe()?,
-            tansu: args.tansu_bin,
-            registry: args.registry_bin,
-            anvil: args.anvil_bin,
+            tansu,
+            registry,
+            anvil,
             pg_bin,
         },
     };
