@@ -45,6 +45,27 @@ async fn recorded(p: &Pipeline) -> Vec<Recorded> {
     .expect("managed_tx")
 }
 
+/// Sends a transfer from the pipeline's first signer at nonce 0 straight to the node (not
+/// through txflow), and returns its hash; the caller mines it.
+async fn send_outside_txflow(p: &Pipeline) -> B256 {
+    let wallet = ProviderBuilder::new()
+        .wallet(EthereumWallet::from(p.signers[0].clone()))
+        .connect_http(p.anvil.url.parse().expect("url"));
+    let outsider = TransactionRequest::default()
+        .with_to(SINK.parse::<Address>().expect("sink"))
+        .with_value(U256::from(7))
+        .with_nonce(0)
+        .with_chain_id(31337)
+        .with_gas_limit(21_000)
+        .with_max_fee_per_gas(10_000_000_000)
+        .with_max_priority_fee_per_gas(1_000_000_000);
+    *wallet
+        .send_transaction(outsider)
+        .await
+        .expect("send outside txflow")
+        .tx_hash()
+}
+
 async fn count_in(p: &Pipeline, states: &[&str]) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM managed_tx WHERE state = ANY($1)")
         .bind(states)
@@ -386,22 +407,7 @@ async fn a_nonce_used_outside_txflow_while_submitted_is_replaced_then_reallocate
         .anvil_drop_transaction(ours)
         .await
         .expect("anvil_dropTransaction");
-    let wallet = ProviderBuilder::new()
-        .wallet(EthereumWallet::from(p.signers[0].clone()))
-        .connect_http(p.anvil.url.parse().expect("url"));
-    let outsider = TransactionRequest::default()
-        .with_to(SINK.parse::<Address>().expect("sink"))
-        .with_value(U256::from(7))
-        .with_nonce(0)
-        .with_chain_id(31337)
-        .with_gas_limit(21_000)
-        .with_max_fee_per_gas(10_000_000_000)
-        .with_max_priority_fee_per_gas(1_000_000_000);
-    let outsider = *wallet
-        .send_transaction(outsider)
-        .await
-        .expect("send outside txflow")
-        .tx_hash();
+    let outsider = send_outside_txflow(&p).await;
     provider.anvil_mine(Some(1), None).await.expect("mine");
     assert!(
         provider
@@ -671,22 +677,7 @@ async fn a_nonce_used_outside_txflow_in_a_block_a_reorg_removes_is_not_replaced_
         .anvil_drop_transaction(ours)
         .await
         .expect("anvil_dropTransaction");
-    let wallet = ProviderBuilder::new()
-        .wallet(EthereumWallet::from(p.signers[0].clone()))
-        .connect_http(p.anvil.url.parse().expect("url"));
-    let outsider = TransactionRequest::default()
-        .with_to(SINK.parse::<Address>().expect("sink"))
-        .with_value(U256::from(7))
-        .with_nonce(0)
-        .with_chain_id(31337)
-        .with_gas_limit(21_000)
-        .with_max_fee_per_gas(10_000_000_000)
-        .with_max_priority_fee_per_gas(1_000_000_000);
-    let outsider = *wallet
-        .send_transaction(outsider)
-        .await
-        .expect("send outside txflow")
-        .tx_hash();
+    let outsider = send_outside_txflow(&p).await;
     provider.anvil_mine(Some(1), None).await.expect("mine");
     let used_in = provider
         .get_transaction_receipt(outsider)
@@ -802,22 +793,7 @@ async fn a_nonce_used_outside_txflow_before_the_first_allocation_in_a_block_a_re
     provider.anvil_mine(Some(2), None).await.expect("mine");
 
     // Someone uses nonce 0 straight on the chain, in a block 1 of 3 confirmations deep.
-    let wallet = ProviderBuilder::new()
-        .wallet(EthereumWallet::from(p.signers[0].clone()))
-        .connect_http(p.anvil.url.parse().expect("url"));
-    let outsider = TransactionRequest::default()
-        .with_to(SINK.parse::<Address>().expect("sink"))
-        .with_value(U256::from(7))
-        .with_nonce(0)
-        .with_chain_id(31337)
-        .with_gas_limit(21_000)
-        .with_max_fee_per_gas(10_000_000_000)
-        .with_max_priority_fee_per_gas(1_000_000_000);
-    let outsider = *wallet
-        .send_transaction(outsider)
-        .await
-        .expect("send outside txflow")
-        .tx_hash();
+    let outsider = send_outside_txflow(&p).await;
     provider.anvil_mine(Some(1), None).await.expect("mine");
     assert!(
         provider

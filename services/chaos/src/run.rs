@@ -663,13 +663,13 @@ async fn drive(
     progress(started, "judging");
     let mut verdict = judge(s, &db, &client, &w, broker_lost_at).await?;
     for v in &mut verdict.violations {
-        v.after_step = step_followed(v, &heads, &w, last_step);
         v.since_step = v
             .request
             .as_ref()
             .and_then(|(_, id)| w.born.get(id))
             .copied()
             .filter(|born| heads.iter().any(|(n, _)| n == born));
+        v.after_step = step_followed(v, &heads, last_step);
     }
     if let Some(first) = verdict.violations.first() {
         progress(
@@ -693,23 +693,16 @@ async fn drive(
 fn step_followed(
     v: &oracle::Violation,
     heads: &[(usize, u64)],
-    w: &Workload,
     last_step: Option<usize>,
 ) -> Option<usize> {
-    if let Some(block) = v.block {
-        return heads
+    match v.block {
+        Some(block) => heads
             .iter()
             .rev()
             .find(|(_, head)| *head < block)
-            .map(|(n, _)| *n);
+            .map(|(n, _)| *n),
+        None => v.since_step.or(last_step),
     }
-    if let Some((_, request_id)) = &v.request
-        && let Some(born) = w.born.get(request_id)
-        && heads.iter().any(|(n, _)| n == born)
-    {
-        return Some(*born);
-    }
-    last_step
 }
 
 fn env_of(env: &[(String, String)], k: &str) -> String {
@@ -1071,15 +1064,7 @@ async fn reorg(s: &System, w: &Workload, depth: u64, again_at: Again) -> anyhow:
     let mut again = Vec::new();
     if reinclude {
         for n in head + 1 - depth..=head {
-            let Some(block) = s
-                .provider
-                .get_block_by_number(BlockNumberOrTag::Number(n))
-                .full()
-                .await?
-            else {
-                continue;
-            };
-            for tx in block.transactions.into_transactions() {
+            for tx in transactions_in(s, n).await? {
                 if ours.contains(&tx.inner.signer()) {
                     let raw: Option<Bytes> = s
                         .provider
@@ -1112,6 +1097,19 @@ async fn reorg(s: &System, w: &Workload, depth: u64, again_at: Again) -> anyhow:
     Ok(())
 }
 
+/// The transactions of block `n` (none when the node has no such block).
+async fn transactions_in(
+    s: &System,
+    n: u64,
+) -> anyhow::Result<Vec<alloy::rpc::types::Transaction>> {
+    Ok(s.provider
+        .get_block_by_number(BlockNumberOrTag::Number(n))
+        .full()
+        .await?
+        .map(|b| b.transactions.into_transactions().collect())
+        .unwrap_or_default())
+}
+
 async fn judge(
     s: &System,
     db: &sqlx::PgPool,
@@ -1127,15 +1125,7 @@ async fn judge(
     let head = s.provider.get_block_number().await?;
     let mut chain = Vec::new();
     for n in 0..=head {
-        let Some(block) = s
-            .provider
-            .get_block_by_number(BlockNumberOrTag::Number(n))
-            .full()
-            .await?
-        else {
-            continue;
-        };
-        for tx in block.transactions.into_transactions() {
+        for tx in transactions_in(s, n).await? {
             let Some(signer) = ours.get(&tx.inner.signer()) else {
                 continue;
             };
