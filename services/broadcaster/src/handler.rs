@@ -94,9 +94,12 @@ impl Handler for BroadcastStage {
         // include every signer with one due) are enough, not every batch's.
         // So are the defensive cancellations after a deep reorg (sent first: the most urgent).
         if ctx.recovery {
-            funds = funds.and(self.send_cancellations(&ctx).await?);
-            funds = funds.and(self.resubmit(&ctx).await?);
-            self.close_gap(&ctx).await?;
+            let address = signer_address(ctx.lease.key())
+                .map_err(|e| HandlerError::classified("signer address", e))?;
+            let mut latest = LatestNonce::new(self.chain.as_ref(), address);
+            funds = funds.and(self.send_cancellations(&ctx, &mut latest).await?);
+            funds = funds.and(self.resubmit(&ctx, &mut latest).await?);
+            self.close_gap(&ctx, &mut latest).await?;
         }
         // A refusal for funds held the signer where it happened. The hold clears only when a node
         // took a send of this drive and none was refused for funds ([`Funds`]); a drive that
@@ -109,6 +112,39 @@ impl Handler for BroadcastStage {
                 .map_err(db("resume"))?;
         }
         Ok(outputs)
+    }
+}
+
+/// The chain's latest nonce of a recovery drive's signer, read once, when first needed: the
+/// defensive cancellations, the resubmissions and the gap check all compare with it. A block
+/// mined between them only makes a later one look at a slightly older nonce, which costs at
+/// most a send the node refuses as used; the next scan reads again.
+struct LatestNonce<'a> {
+    chain: &'a dyn ChainClient,
+    address: Address,
+    read: Option<u64>,
+}
+
+impl<'a> LatestNonce<'a> {
+    fn new(chain: &'a dyn ChainClient, address: Address) -> LatestNonce<'a> {
+        LatestNonce {
+            chain,
+            address,
+            read: None,
+        }
+    }
+
+    async fn get(&mut self) -> Result<u64, HandlerError> {
+        if let Some(n) = self.read {
+            return Ok(n);
+        }
+        let n = self
+            .chain
+            .latest_nonce(self.address)
+            .await
+            .map_err(|e| HandlerError::classified("latest nonce", e))?;
+        self.read = Some(n);
+        Ok(n)
     }
 }
 
@@ -396,7 +432,11 @@ impl BroadcastStage {
     /// txflow signed for that nonce is sent again as it is — the latest attempt of the transaction
     /// holding it (not being re-evaluated), else its defensive cancellation. The same bytes
     /// can only ever be mined once. One nonce per recovery scan: the next scan looks again.
-    async fn close_gap(&self, ctx: &DriveCtx<'_>) -> Result<(), HandlerError> {
+    async fn close_gap(
+        &self,
+        ctx: &DriveCtx<'_>,
+        latest: &mut LatestNonce<'_>,
+    ) -> Result<(), HandlerError> {
         let key = ctx.lease.key();
         let Some(highest) = store::highest_sent_nonce(ctx.pool, key)
             .await
@@ -404,13 +444,8 @@ impl BroadcastStage {
         else {
             return Ok(());
         };
-        let address =
-            signer_address(key).map_err(|e| HandlerError::classified("signer address", e))?;
-        let latest = self
-            .chain
-            .latest_nonce(address)
-            .await
-            .map_err(|e| HandlerError::classified("latest nonce", e))?;
+        let address = latest.address;
+        let latest = latest.get().await?;
         let Ok(at) = i64::try_from(latest) else {
             return Ok(());
         };
@@ -450,7 +485,11 @@ impl BroadcastStage {
     /// the chain has not mined yet (a node may drop what it accepted); stops tracking the ones
     /// whose nonce the chain has passed. Holds the signer on "insufficient funds"; returns what
     /// the resends said about the funds.
-    async fn resubmit(&self, ctx: &DriveCtx<'_>) -> Result<Funds, HandlerError> {
+    async fn resubmit(
+        &self,
+        ctx: &DriveCtx<'_>,
+        latest: &mut LatestNonce<'_>,
+    ) -> Result<Funds, HandlerError> {
         let key = ctx.lease.key();
         let mut funds = Funds::Untold;
         let due = store::due_resubmissions(ctx.pool, key)
@@ -459,13 +498,7 @@ impl BroadcastStage {
         if due.is_empty() {
             return Ok(funds);
         }
-        let address =
-            signer_address(key).map_err(|e| HandlerError::classified("signer address", e))?;
-        let latest = self
-            .chain
-            .latest_nonce(address)
-            .await
-            .map_err(|e| HandlerError::classified("latest nonce", e))?;
+        let latest = latest.get().await?;
         let split = decide::split_due(due, latest, |d: &DueRow| d.nonce);
         let passed: Vec<Uuid> = split.passed.iter().map(|d| d.tx_id).collect();
         let mut resent = Vec::new();
@@ -546,7 +579,11 @@ impl BroadcastStage {
     /// One whose nonce the chain has passed is not sent (the cancellation or the original is
     /// mined: the confirmation manager tells which, from the chain); nothing here moves a state.
     /// Holds the signer on "insufficient funds"; returns what the sends said about the funds.
-    async fn send_cancellations(&self, ctx: &DriveCtx<'_>) -> Result<Funds, HandlerError> {
+    async fn send_cancellations(
+        &self,
+        ctx: &DriveCtx<'_>,
+        latest: &mut LatestNonce<'_>,
+    ) -> Result<Funds, HandlerError> {
         let key = ctx.lease.key();
         let mut funds = Funds::Untold;
         let due = store::due_cancellations(ctx.pool, key)
@@ -555,13 +592,7 @@ impl BroadcastStage {
         if due.is_empty() {
             return Ok(funds);
         }
-        let address =
-            signer_address(key).map_err(|e| HandlerError::classified("signer address", e))?;
-        let latest = self
-            .chain
-            .latest_nonce(address)
-            .await
-            .map_err(|e| HandlerError::classified("latest nonce", e))?;
+        let latest = latest.get().await?;
         let mut looked = Vec::with_capacity(due.len());
         for c in due {
             let nonce = c.nonce;

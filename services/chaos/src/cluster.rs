@@ -157,6 +157,13 @@ impl Daemon {
         wait_port(self.name, self.port, 60, &self.log).await
     }
 
+    /// Sends `signal` to its process group (SIGSTOP, SIGCONT); nothing when it is not running.
+    pub fn signal(&self, signal: i32) {
+        if let Some(pid) = self.child.as_ref().and_then(|c| c.id()) {
+            signal_group(pid, signal);
+        }
+    }
+
     /// `kill -9` of its whole process group, waited for.
     pub async fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -44,12 +44,21 @@ pub struct Announced {
     pub before_broker_loss: bool,
 }
 
-/// Per signer: txflow's nonce cursor and the chain's nonce.
+/// Per signer: txflow's nonce cursor, the chain's nonce, and how many of its transactions the
+/// node's pool still holds.
 #[derive(Debug, Clone)]
 pub struct Nonces {
     pub signer: String,
     pub cursor: Option<i64>,
     pub chain: u64,
+    pub pooled: u64,
+}
+
+impl Nonces {
+    /// No gap (the chain's nonce is txflow's cursor) and nothing left in the pool.
+    pub fn converged(&self) -> bool {
+        self.cursor.is_none_or(|c| c as u64 == self.chain) && self.pooled == 0
+    }
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -296,6 +305,16 @@ pub fn check(
                 format!(
                     "{}: txflow's cursor is {:?}, the chain's nonce {}",
                     n.signer, n.cursor, n.chain
+                ),
+                About::default(),
+            );
+        }
+        if n.pooled > 0 {
+            flag(
+                "pool_not_empty",
+                format!(
+                    "{}: {} transactions still in the node's pool once every request ended (chain nonce {})",
+                    n.signer, n.pooled, n.chain
                 ),
                 About::default(),
             );

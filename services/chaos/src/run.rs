@@ -22,7 +22,7 @@ use crate::cluster::{Daemon, Slot, Tools, free_port, spawn_logged, txflow_comman
 use crate::fault_proxy::{Fault as RpcFault, FaultProxy, Rule};
 use crate::oracle::{self, Announced, Nonces, OnChain, Recorded, Requested};
 use crate::rng::Rng;
-use crate::schedule::{Fault, ROLES, Schedule, Shape, Step};
+use crate::schedule::{Fault, Kinds, ROLES, Schedule, Shape, Step};
 
 const CHAIN_ID: i64 = 31337;
 /// A `managed_tx` row that is final (`TxState::is_terminal`, and REVERTED once settled).
@@ -33,6 +33,9 @@ const PREFIX: &str = "chaos";
 /// Once every request is final in PostgreSQL, how long the downstream may read nothing new before
 /// the run is judged.
 const QUIET: Duration = Duration::from_secs(20);
+/// How often the pipeline stages' recovery scan runs (txflow-core's
+/// `StageConfig::for_pipeline`).
+const RECOVERY_SCAN_MS: u64 = 5_000;
 /// At or above this value a request waits for an approval.
 const APPROVAL_THRESHOLD: u64 = 1_000_000;
 
@@ -50,6 +53,10 @@ pub struct Options {
     pub processes: usize,
     pub confirmations: u64,
     pub lease_ms: u64,
+    /// The kinds of fault the schedule draws from.
+    pub kinds: Kinds,
+    /// The deepest a reorg deeper than the confirmations goes.
+    pub max_reorg_depth: u64,
     /// How long the healed system may take to end every request.
     pub settle_secs: u64,
     /// Where the logs and the cluster go (a new temporary directory by default).
@@ -279,6 +286,8 @@ pub async fn run(o: Options) -> anyhow::Result<Report> {
             processes: o.processes,
             required_confirmations: o.confirmations,
             lease_ms: o.lease_ms,
+            kinds: o.kinds,
+            max_reorg_depth: o.max_reorg_depth,
         },
     );
     let dir = match &o.dir {
@@ -321,7 +330,7 @@ pub async fn run(o: Options) -> anyhow::Result<Report> {
         }
     };
     stop_daemons(&mut system).await;
-    let (verdict, last_step) = verdict;
+    let (verdict, last_step, converged_after) = verdict;
     let passed = verdict.violations.is_empty();
     let line = json!({
         "seed": o.seed,
@@ -338,6 +347,11 @@ pub async fn run(o: Options) -> anyhow::Result<Report> {
         "violations": verdict.violations.len(),
         "first_violations": verdict.violations.iter().take(10).collect::<Vec<_>>(),
         "last_step": last_step,
+        // From the end of the last step to every request final in PostgreSQL with no nonce gap
+        // and nothing of ours in the pool (null: not within the run), against a lease and a
+        // recovery scan of the pipeline's stages (every 5 s).
+        "converged_s": converged_after.map(|d| (d.as_secs_f64() * 10.0).round() / 10.0),
+        "lease_and_scan_s": (o.lease_ms + RECOVERY_SCAN_MS) as f64 / 1000.0,
         "elapsed_s": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
         "logs": if passed && !o.keep { serde_json::Value::Null } else { json!(logs.display().to_string()) },
     });
@@ -481,7 +495,7 @@ async fn drive(
     schedule: &Schedule,
     s: &mut System,
     started: Instant,
-) -> anyhow::Result<(oracle::Verdict, Option<usize>)> {
+) -> anyhow::Result<(oracle::Verdict, Option<usize>, Option<Duration>)> {
     let mut w = Workload {
         rng: Rng::new(o.seed ^ 0x005E_ED0F_1234),
         // The workload's signers, and one more that only `reorg_while_down` uses (its last).
@@ -536,6 +550,7 @@ async fn drive(
     let mut heads: Vec<(usize, u64)> = Vec::new();
     let mut last_progress = Instant::now();
     let mut last_command = Instant::now();
+    let mut convergence = Convergence::default();
     let run_start = Instant::now();
     // Workload and schedule.
     loop {
@@ -568,6 +583,10 @@ async fn drive(
             last_step = Some(step.number);
             next_step += 1;
         }
+        if next_step >= schedule.steps.len() && convergence.last_step_done.is_none() {
+            convergence.last_step_done = Some(Instant::now());
+        }
+        convergence.look(s, &db, &w).await;
         client.poll(Duration::from_millis(50)).await;
         if last_command.elapsed() > Duration::from_secs(3) {
             operator(&client, &mut w).await;
@@ -594,6 +613,7 @@ async fn drive(
     let mut last_read = (client.book().outcomes_read(), Instant::now());
     loop {
         client.poll(Duration::from_millis(200)).await;
+        convergence.look(s, &db, &w).await;
         let open = unfinished(&client, &w);
         let read = client.book().outcomes_read();
         if read != last_read.0 {
@@ -655,6 +675,9 @@ async fn drive(
             last_progress = Instant::now();
         }
     }
+    // A last look, unthrottled: the settling may have ended between two.
+    convergence.last_look = None;
+    convergence.look(s, &db, &w).await;
     // Stop every role, read what is left, judge.
     for slot in s.slots.drain(..) {
         slot.stop().await;
@@ -685,7 +708,7 @@ async fn drive(
             ),
         );
     }
-    Ok((verdict, last_step))
+    Ok((verdict, last_step, convergence.after))
 }
 
 /// The schedule step a violation followed: the last applied before the block that shows it;
@@ -742,6 +765,82 @@ fn unfinished(client: &Client, w: &Workload) -> Vec<usize> {
         })
         .map(|(i, _)| i)
         .collect()
+}
+
+/// Per signer of the workload: txflow's cursor, the chain's nonce at `head`, and its
+/// transactions in the node's pool.
+async fn nonces(
+    s: &System,
+    db: &sqlx::PgPool,
+    w: &Workload,
+    head: u64,
+) -> anyhow::Result<Vec<Nonces>> {
+    let content: serde_json::Value = s.provider.raw_request("txpool_content".into(), ()).await?;
+    let pooled = |a: Address| -> u64 {
+        ["pending", "queued"]
+            .iter()
+            .filter_map(|part| content.get(part).and_then(|p| p.as_object()))
+            .flat_map(|by_sender| by_sender.iter())
+            .filter(|(sender, _)| sender.parse::<Address>().ok() == Some(a))
+            .map(|(_, txs)| txs.as_object().map_or(0, |t| t.len() as u64))
+            .sum()
+    };
+    let mut out = Vec::new();
+    for k in &w.keys {
+        let a = k.address();
+        let signer = format!("{a:#x}");
+        let cursor: Option<i64> =
+            sqlx::query_scalar("SELECT next_nonce FROM signer_nonce_cursor WHERE signer = $1")
+                .bind(&signer)
+                .fetch_optional(db)
+                .await?;
+        let chain = s.provider.get_transaction_count(a).number(head).await?;
+        out.push(Nonces {
+            signer,
+            cursor,
+            chain,
+            pooled: pooled(a),
+        });
+    }
+    Ok(out)
+}
+
+/// Every request final in PostgreSQL, no signer with a nonce gap, nothing of ours in the pool.
+async fn converged(s: &System, db: &sqlx::PgPool, w: &Workload) -> anyhow::Result<bool> {
+    if !terminal_in_db(db).await? {
+        return Ok(false);
+    }
+    let head = s.provider.get_block_number().await?;
+    Ok(nonces(s, db, w, head).await?.iter().all(Nonces::converged))
+}
+
+/// Watches for convergence once the last step is applied: how long after it the system first
+/// [`converged`].
+#[derive(Default)]
+struct Convergence {
+    last_step_done: Option<Instant>,
+    after: Option<Duration>,
+    last_look: Option<Instant>,
+}
+
+impl Convergence {
+    async fn look(&mut self, s: &System, db: &sqlx::PgPool, w: &Workload) {
+        let Some(done) = self.last_step_done else {
+            return;
+        };
+        if self.after.is_some()
+            || self
+                .last_look
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(250))
+        {
+            return;
+        }
+        self.last_look = Some(Instant::now());
+        // A failed look (PostgreSQL or the node away) is no answer: the next one asks again.
+        if converged(s, db, w).await.unwrap_or(false) {
+            self.after = Some(done.elapsed());
+        }
+    }
 }
 
 async fn terminal_in_db(db: &sqlx::PgPool) -> anyhow::Result<bool> {
@@ -824,6 +923,7 @@ async fn apply(
             }
             client.reopen().await?;
         }
+        Fault::PauseBroker { ms } => pause_broker(s, client, w, db, ms).await?,
         Fault::KillPostgres { down_ms } => {
             s.postgres.kill().await;
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
@@ -918,6 +1018,46 @@ async fn apply(
 /// mines it again in the lowest new block; the processes restart after `down_ms`. The
 /// confirmation manager then finds its transaction undone with no other block of the signer to
 /// follow from.
+/// A request on every busy signer, each sent to the chain (up to 20 s), so that receipts,
+/// confirmations and their events come due while the broker hangs; then the broker stopped
+/// (SIGSTOP) for `ms` and continued. The workload publishes nothing meanwhile (this step holds
+/// the loop); the roles live on, and keep every producer id and topic.
+async fn pause_broker(
+    s: &System,
+    client: &Client,
+    w: &mut Workload,
+    db: &sqlx::PgPool,
+    ms: u64,
+) -> anyhow::Result<()> {
+    let mut ids = Vec::new();
+    for signer in 0..w.busy() {
+        let value = 1 + w.rng.below(1_000);
+        let r = w.request(value, None, Some(signer));
+        client.publish(&r).await?;
+        ids.push(r.request_id.clone());
+        w.requested.push(r);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let sent: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM managed_tx WHERE request_id = ANY($1)
+             AND state IN ('SUBMITTED', 'MINED', 'CONFIRMED')",
+        )
+        .bind(&ids)
+        .fetch_one(db)
+        .await
+        .unwrap_or(0);
+        if sent as usize >= ids.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.broker.signal(libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    s.broker.signal(libc::SIGCONT);
+    Ok(())
+}
+
 async fn reorg_while_down(
     s: &System,
     client: &Client,
@@ -1173,20 +1313,7 @@ async fn judge(
             before_broker_loss: broker_lost_at.is_some_and(|b| at < b),
         })
         .collect();
-    let mut nonces = Vec::new();
-    for (a, signer) in &ours {
-        let cursor: Option<i64> =
-            sqlx::query_scalar("SELECT next_nonce FROM signer_nonce_cursor WHERE signer = $1")
-                .bind(signer)
-                .fetch_optional(db)
-                .await?;
-        let chain = s.provider.get_transaction_count(*a).number(head).await?;
-        nonces.push(Nonces {
-            signer: signer.clone(),
-            cursor,
-            chain,
-        });
-    }
+    let nonces = nonces(s, db, w, head).await?;
     let requested: Vec<Requested> = w
         .requested
         .iter()

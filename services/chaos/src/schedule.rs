@@ -61,6 +61,10 @@ pub enum Fault {
     /// `hold_ms` (the block stays short of final), then removed by a one-block reorg: the nonce
     /// was never proven used by someone else, and stays txflow's.
     ForeignNonce { hold_ms: u64 },
+    /// SIGSTOP the broker, SIGCONT after `ms`: every connection stays open and nothing answers,
+    /// so each process lives on through produces that fail after the delivery timeout (30 s)
+    /// when `ms` is above it; the broker keeps every record and every topic.
+    PauseBroker { ms: u64 },
     /// Every process of `role` killed; while they are down, a reorg `depth` blocks deep (deeper
     /// than the confirmations) mines our removed transactions again in its lowest new block;
     /// the processes restart after `down_ms`.
@@ -89,12 +93,68 @@ impl Fault {
             Fault::Approvals { .. } => "approvals",
             Fault::ForeignNonce { .. } => "foreign_nonce",
             Fault::ReorgWhileDown { .. } => "reorg_while_down",
+            Fault::PauseBroker { .. } => "pause_broker",
         }
     }
 }
 
 /// Every kind of fault, by name: the first steps of a schedule cover each once.
-pub const KINDS: usize = 15;
+pub const KINDS: usize = 16;
+
+/// The name of each kind of fault, by the index the schedule draws ([`Fault::name`]).
+pub const NAMES: [&str; KINDS] = [
+    "kill_role",
+    "pause_role",
+    "kill_broker",
+    "kill_postgres",
+    "reorg",
+    "rpc_errors",
+    "rpc_timeouts",
+    "lost_send_answers",
+    "lagging_head",
+    "duplicates",
+    "bad_records",
+    "chained",
+    "approvals",
+    "foreign_nonce",
+    "reorg_while_down",
+    "pause_broker",
+];
+
+/// The kinds of fault a schedule draws from (every kind by default; `--faults` narrows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kinds(u32);
+
+impl Kinds {
+    pub const ALL: Kinds = Kinds((1 << KINDS) - 1);
+
+    /// A comma-separated list of names ([`NAMES`]); an unknown name or an empty list is an error
+    /// that lists the names.
+    pub fn parse(list: &str) -> Result<Kinds, String> {
+        let mut bits = 0u32;
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let Some(i) = NAMES.iter().position(|k| *k == name) else {
+                return Err(format!(
+                    "no fault kind {name:?}; the kinds are {}",
+                    NAMES.join(", ")
+                ));
+            };
+            bits |= 1 << i;
+        }
+        if bits == 0 {
+            return Err(format!(
+                "no fault kind given; the kinds are {}",
+                NAMES.join(", ")
+            ));
+        }
+        Ok(Kinds(bits))
+    }
+
+    /// The kinds' indexes, in order.
+    fn list(self) -> Vec<usize> {
+        (0..KINDS).filter(|i| self.0 & (1 << i) != 0).collect()
+    }
+}
 
 /// A fault and when it starts, in milliseconds from the start of the run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -115,6 +175,18 @@ pub struct Shape {
     pub required_confirmations: u64,
     /// The lease: a pause longer than it lets another process steal the signer.
     pub lease_ms: u64,
+    /// The kinds the steps are drawn from.
+    pub kinds: Kinds,
+    /// The deepest a `reorg` deeper than the confirmations goes (at least
+    /// `required_confirmations + 1`); [`Shape::default_max_reorg_depth`] by default.
+    pub max_reorg_depth: u64,
+}
+
+impl Shape {
+    /// Three times the confirmations, and two more.
+    pub fn default_max_reorg_depth(required_confirmations: u64) -> u64 {
+        required_confirmations * 3 + 2
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -124,11 +196,13 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The steps for `seed`: the first [`KINDS`] are every kind once, in an order drawn from the
-    /// seed; the rest are drawn at random. Spread evenly over the span, each with a jitter.
+    /// The steps for `seed`: the first are every kind of the shape once, in an order drawn from
+    /// the seed; the rest are drawn at random among those kinds. Spread evenly over the span,
+    /// each with a jitter.
     pub fn draw(seed: u64, shape: Shape) -> Schedule {
         let mut rng = Rng::new(seed);
-        let mut kinds: Vec<usize> = (0..KINDS).collect();
+        let allowed = shape.kinds.list();
+        let mut kinds = allowed.clone();
         // Fisher-Yates, from the seed.
         for i in (1..kinds.len()).rev() {
             let j = rng.below(i as u64 + 1) as usize;
@@ -139,7 +213,7 @@ impl Schedule {
             .map(|number| {
                 let kind = match kinds.get(number) {
                     Some(k) => *k,
-                    None => rng.below(KINDS as u64) as usize,
+                    None => allowed[rng.below(allowed.len() as u64) as usize],
                 };
                 let at_ms = gap * (number as u64 + 1) + rng.below(gap / 2 + 1);
                 Step {
@@ -188,7 +262,7 @@ fn fault_of(kind: usize, rng: &mut Rng, shape: Shape) -> Fault {
         // Half of the reorgs are deeper than the required confirmations.
         4 => Fault::Reorg {
             depth: if rng.chance(50) {
-                rng.between(c + 1, c * 3 + 2)
+                rng.between(c + 1, shape.max_reorg_depth.max(c + 1))
             } else {
                 rng.between(1, c.max(1))
             },
@@ -222,7 +296,7 @@ fn fault_of(kind: usize, rng: &mut Rng, shape: Shape) -> Fault {
         13 => Fault::ForeignNonce {
             hold_ms: rng.between(1_500, 5_000),
         },
-        _ => Fault::ReorgWhileDown {
+        14 => Fault::ReorgWhileDown {
             role: if rng.chance(50) {
                 "confirmation-manager"
             } else {
@@ -230,6 +304,15 @@ fn fault_of(kind: usize, rng: &mut Rng, shape: Shape) -> Fault {
             },
             depth: rng.between(c + 1, c * 2 + 2),
             down_ms: rng.between(2_000, 8_000),
+        },
+        // Most pauses outlive the delivery timeout: the produces of every stage fail while its
+        // process lives on, and only the outbox's unacknowledged events bring them back.
+        _ => Fault::PauseBroker {
+            ms: if rng.chance(75) {
+                rng.between(33_000, 40_000)
+            } else {
+                rng.between(1_000, 5_000)
+            },
         },
     }
 }
@@ -246,7 +329,88 @@ mod tests {
             processes: 2,
             required_confirmations: 3,
             lease_ms: 3_000,
+            kinds: Kinds::ALL,
+            max_reorg_depth: Shape::default_max_reorg_depth(3),
         }
+    }
+
+    #[test]
+    fn each_name_is_the_kind_the_schedule_draws_at_its_index() {
+        let mut rng = Rng::new(1);
+        for (i, name) in NAMES.iter().enumerate() {
+            assert_eq!(fault_of(i, &mut rng, shape(1)).name(), *name);
+        }
+        assert_eq!(Kinds::parse(&NAMES.join(",")), Ok(Kinds::ALL));
+        let e = Kinds::parse("reorg,earthquake").expect_err("an unknown kind");
+        assert!(
+            e.contains("\"earthquake\"") && e.contains("reorg_while_down"),
+            "{e}"
+        );
+        assert!(Kinds::parse(" , ").is_err());
+    }
+
+    #[test]
+    fn a_schedule_of_some_kinds_draws_only_those_and_its_reorgs_reach_the_deepest_asked() {
+        let only = Shape {
+            kinds: Kinds::parse("reorg,reorg_while_down").expect("kinds"),
+            max_reorg_depth: 40,
+            ..shape(30)
+        };
+        let steps: Vec<Step> = (0..10)
+            .flat_map(|seed| Schedule::draw(seed, only).steps)
+            .collect();
+        assert!(
+            steps
+                .iter()
+                .all(|s| ["reorg", "reorg_while_down"].contains(&s.fault.name()))
+        );
+        assert!(
+            steps
+                .iter()
+                .all(|s| !matches!(s.fault, Fault::Reorg { depth, .. } if depth > 40))
+        );
+        assert!(
+            steps
+                .iter()
+                .any(|s| matches!(s.fault, Fault::Reorg { depth, .. } if depth > 11))
+        );
+        // Both kinds in the first two steps of every seed.
+        for seed in 0..10 {
+            let s = Schedule::draw(seed, only);
+            let first: BTreeSet<&str> = s.steps[..2].iter().map(|x| x.fault.name()).collect();
+            assert_eq!(first.len(), 2, "seed {seed}");
+        }
+    }
+
+    /// Pinned: the CI seed's schedule (services/txflow/tests/chaos.rs, docs/chaos.md). A change
+    /// of the draw changes every recorded seed's adversary; make it on purpose, and say so.
+    #[test]
+    fn the_ci_seed_draws_the_schedule_its_notes_describe() {
+        let s = Schedule::draw(20261130, shape(16));
+        let names: Vec<&str> = s.steps.iter().map(|x| x.fault.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "reorg",
+                "kill_postgres",
+                "lost_send_answers",
+                "lagging_head",
+                "duplicates",
+                "bad_records",
+                "chained",
+                "pause_broker",
+                "kill_role",
+                "approvals",
+                "pause_role",
+                "kill_broker",
+                "rpc_errors",
+                "rpc_timeouts",
+                "foreign_nonce",
+                "reorg_while_down",
+            ]
+        );
+        assert_eq!(s.steps[7].fault, Fault::PauseBroker { ms: 35_398 });
+        assert_eq!(s.steps[11].fault, Fault::KillBroker { down_ms: 34_663 });
     }
 
     #[test]

@@ -22,9 +22,7 @@ use sqlx::PgPool;
 use txflow_core::chain::{ChainClient, Receipt};
 use txflow_core::codec::Subjects;
 use txflow_core::domain::{ChainId, Signer};
-use txflow_core::events::{
-    BlockRef, TxConfirmationReverted, TxConfirmationsUpdated, TxConfirmed, TxReceiptUpdated,
-};
+use txflow_core::events::{BlockRef, TxConfirmationsUpdated, TxConfirmed, TxReceiptUpdated};
 use txflow_core::fenced::Fenced;
 use txflow_core::kafka::signer_key;
 use txflow_core::lease::LeaseKey;
@@ -737,25 +735,10 @@ impl ConfirmStage {
                     );
                     // What was booked on its TxConfirmed is reverted, on tx.outcomes, with the
                     // new fork on tx.confirmations: one audit row (the outbox relays both).
-                    let generation = t.row.reorg_generation;
-                    let reversal_id = decide::reversal_event_id(tx_id, generation);
-                    let reversal = TxConfirmationReverted {
-                        event_id: reversal_id.to_string(),
-                        tx_id: tx_id.to_string(),
-                        request_id: t.row.request_id.clone(),
-                        chain_id: key.chain_id.0,
-                        signer: key.signer.as_str().to_string(),
-                        nonce: t.row.nonce,
-                        tx_hash: t.row.tx_hash.clone().unwrap_or_default(),
-                        block_number: i64::try_from(number).unwrap_or(i64::MAX),
-                        block_hash: lost.to_string(),
-                        success: t.phase.success(),
-                        reorg_generation: generation,
-                        reverted_event_id: decide::confirmed_event_id(tx_id, generation)
-                            .to_string(),
-                        required_confirmations: required,
-                        fencing_token: token,
-                    };
+                    let reversal_id = decide::reversal_event_id(tx_id, t.row.reorg_generation);
+                    let reversal = self
+                        .confirmed(t, key, (number, lost), token)
+                        .reversal(reversal_id.to_string());
                     let m = if t.state == TxState::Reverted {
                         REVERSE_SETTLED
                     } else {
@@ -950,6 +933,38 @@ impl ConfirmStage {
         Ok(outputs)
     }
 
+    /// The TxConfirmed of `t` in `block` (number, hash) for its generation: the one its final
+    /// move announces, and the one its reversal reverts.
+    fn confirmed(
+        &self,
+        t: &Row<'_>,
+        key: &LeaseKey,
+        block: (u64, &str),
+        token: i64,
+    ) -> TxConfirmed {
+        let tx_id = t.row.tx_id;
+        TxConfirmed {
+            event_id: decide::confirmed_event_id(tx_id, t.row.reorg_generation).to_string(),
+            tx_id: tx_id.to_string(),
+            request_id: t.row.request_id.clone(),
+            chain_id: key.chain_id.0,
+            signer: key.signer.as_str().to_string(),
+            nonce: t.row.nonce,
+            tx_hash: t.row.tx_hash.clone().unwrap_or_default(),
+            block_number: i64::try_from(block.0).unwrap_or(i64::MAX),
+            block_hash: block.1.to_string(),
+            success: t.phase.success(),
+            confirmations: i32::try_from(self.config.required).unwrap_or(i32::MAX),
+            fencing_token: token,
+            reorg_generation: t.row.reorg_generation,
+            revert_reason: if t.phase.success() {
+                None
+            } else {
+                t.row.revert_reason.clone()
+            },
+        }
+    }
+
     /// The final move of `t` and its TxConfirmed, whose `event_id` is derived from the
     /// transaction and its generation.
     fn finish(
@@ -970,26 +985,7 @@ impl ConfirmStage {
         };
         let tx_id = t.row.tx_id;
         let event_id = decide::confirmed_event_id(tx_id, t.row.reorg_generation);
-        let event = TxConfirmed {
-            event_id: event_id.to_string(),
-            tx_id: tx_id.to_string(),
-            request_id: t.row.request_id.clone(),
-            chain_id: key.chain_id.0,
-            signer: key.signer.as_str().to_string(),
-            nonce: t.row.nonce,
-            tx_hash: t.row.tx_hash.clone().unwrap_or_default(),
-            block_number: i64::try_from(number).unwrap_or(i64::MAX),
-            block_hash: hash.to_string(),
-            success: t.phase.success(),
-            confirmations: i32::try_from(self.config.required).unwrap_or(i32::MAX),
-            fencing_token: token,
-            reorg_generation: t.row.reorg_generation,
-            revert_reason: if t.phase.success() {
-                None
-            } else {
-                t.row.revert_reason.clone()
-            },
-        };
+        let event = self.confirmed(t, key, (number, hash), token);
         w.push(
             m,
             MoveRow::new(tx_id, event_id, json("TxConfirmed", &event)?),

@@ -276,6 +276,30 @@ pub struct TxConfirmed {
 }
 event!(TxConfirmed, "tx_confirmed.avsc", tx_id);
 
+impl TxConfirmed {
+    /// Its reversal, under `event_id`: the same transaction, nonce, block and outcome that were
+    /// booked on it, naming it in `reverted_event_id` (a reorg deeper than the confirmations
+    /// removed its block).
+    pub fn reversal(&self, event_id: String) -> TxConfirmationReverted {
+        TxConfirmationReverted {
+            event_id,
+            tx_id: self.tx_id.clone(),
+            request_id: self.request_id.clone(),
+            chain_id: self.chain_id,
+            signer: self.signer.clone(),
+            nonce: self.nonce,
+            tx_hash: self.tx_hash.clone(),
+            block_number: self.block_number,
+            block_hash: self.block_hash.clone(),
+            success: self.success,
+            reorg_generation: self.reorg_generation,
+            reverted_event_id: self.event_id.clone(),
+            required_confirmations: self.confirmations,
+            fencing_token: self.fencing_token,
+        }
+    }
+}
+
 /// Downstream contract: the TxConfirmed of generation `reorg_generation` (`reverted_event_id`)
 /// is no longer true — a reorg deeper than the required confirmations removed its block.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -514,6 +538,56 @@ mod tests {
             };
             assert_eq!(parsed_name, name);
         }
+    }
+
+    #[test]
+    fn a_reversal_reverts_what_was_booked_and_names_it() {
+        let booked = TxConfirmed {
+            event_id: "c-0".into(),
+            tx_id: "t".into(),
+            request_id: "r".into(),
+            chain_id: 31337,
+            signer: "0xabc".into(),
+            nonce: 7,
+            tx_hash: "0xh".into(),
+            block_number: 42,
+            block_hash: "0xb".into(),
+            success: false,
+            confirmations: 3,
+            fencing_token: 9,
+            reorg_generation: 2,
+            revert_reason: Some("Error(no)".into()),
+        };
+        let r = booked.reversal("rev-2".into());
+        assert_eq!(r.event_id, "rev-2");
+        assert_eq!(r.reverted_event_id, "c-0");
+        assert_eq!(
+            (
+                r.tx_id.as_str(),
+                r.request_id.as_str(),
+                r.chain_id,
+                r.signer.as_str()
+            ),
+            ("t", "r", 31337, "0xabc")
+        );
+        assert_eq!(
+            (
+                r.nonce,
+                r.tx_hash.as_str(),
+                r.block_number,
+                r.block_hash.as_str()
+            ),
+            (7, "0xh", 42, "0xb")
+        );
+        assert!(!r.success);
+        assert_eq!(
+            (
+                r.reorg_generation,
+                r.required_confirmations,
+                r.fencing_token
+            ),
+            (2, 3, 9)
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use txflow_chaos::schedule::{Kinds, Shape};
 
 #[derive(Args, Debug)]
 pub struct ChaosArgs {
@@ -11,9 +12,19 @@ pub struct ChaosArgs {
     /// requests at the same offsets (not the same interleaving of threads and processes).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Faults in the schedule; the first 15 are one of each kind.
+    /// Faults in the schedule; the first are one of each kind drawn from.
     #[arg(long, default_value_t = 20)]
     steps: usize,
+    /// The kinds of fault to draw from, comma-separated (every kind by default): kill_role,
+    /// pause_role, kill_broker, kill_postgres, reorg, rpc_errors, rpc_timeouts,
+    /// lost_send_answers, lagging_head, duplicates, bad_records, chained, approvals,
+    /// foreign_nonce, reorg_while_down.
+    #[arg(long, value_parser = txflow_chaos::schedule::Kinds::parse)]
+    faults: Option<txflow_chaos::schedule::Kinds>,
+    /// The deepest a reorg deeper than the confirmations goes (3 × confirmations + 2 by
+    /// default).
+    #[arg(long)]
+    max_reorg_depth: Option<u64>,
     /// The time over which requests and faults are spread.
     #[arg(long, default_value_t = 2.0)]
     minutes: f64,
@@ -73,15 +84,22 @@ fn newest_pg_bin() -> anyhow::Result<PathBuf> {
 }
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
+    let confirmations = args.confirmations.max(1);
+    let kinds = args.faults.unwrap_or(Kinds::ALL);
+    let max_reorg_depth = args
+        .max_reorg_depth
+        .unwrap_or_else(|| Shape::default_max_reorg_depth(confirmations));
     if args.schedule {
         let schedule = txflow_chaos::schedule::Schedule::draw(
             args.seed,
-            txflow_chaos::schedule::Shape {
+            Shape {
                 steps: args.steps,
                 span_ms: (args.minutes * 60_000.0) as u64,
                 processes: args.processes.max(1),
-                required_confirmations: args.confirmations.max(1),
+                required_confirmations: confirmations,
                 lease_ms: args.lease_ms,
+                kinds,
+                max_reorg_depth,
             },
         );
         println!("{}", serde_json::to_string(&schedule)?);
@@ -105,8 +123,10 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
         requests: args.requests,
         rate: args.rate,
         processes: args.processes.max(1),
-        confirmations: args.confirmations.max(1),
+        confirmations,
         lease_ms: args.lease_ms,
+        kinds,
+        max_reorg_depth,
         settle_secs: args.settle_secs,
         dir: args.dir,
         keep: args.keep,

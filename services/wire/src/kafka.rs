@@ -327,7 +327,7 @@ impl TopicAdmin {
                 )
             })
             .collect();
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let opts = admin_options();
         let results = self
             .admin
             .create_topics(&new, &opts)
@@ -339,7 +339,7 @@ impl TopicAdmin {
     /// Deletes `topics`; those that do not exist are no error.
     pub async fn delete(&self, topics: &[String]) -> Result<(), TopicAdminError> {
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let opts = admin_options();
         let results = self
             .admin
             .delete_topics(&names, &opts)
@@ -347,6 +347,17 @@ impl TopicAdmin {
             .map_err(TopicAdminError::Request)?;
         per_topic(results, RDKafkaErrorCode::UnknownTopicOrPartition)
     }
+}
+
+/// An admin request's deadlines: 10 s for the broker to carry it out, and 10 s for it to
+/// answer at all. Without the second, a broker that hangs (paused, or a network path that drops
+/// everything) holds the caller for the client's socket timeout (60 s); a stage's loop, which
+/// ensures its topics before each recovery scan, would stall that long instead of driving its
+/// signers, whose events then wait in the outbox until the broker answers.
+fn admin_options() -> AdminOptions {
+    AdminOptions::new()
+        .operation_timeout(Some(Duration::from_secs(10)))
+        .request_timeout(Some(Duration::from_secs(10)))
 }
 
 /// The first topic an admin request failed for, other than with `fine` (the outcome asked for
