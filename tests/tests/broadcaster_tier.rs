@@ -23,6 +23,9 @@
 //! 9. A defensive cancellation (seed 000 §4.4) is sent by the recovery drive while its transaction,
 //!    undone by a deep reorg, is re-evaluated: once per interval, never once its nonce is used or
 //!    the transaction is mined again, and without moving any state.
+//! 10. A gap of several nonces at the chain's nonce (a reorg took the block of our
+//!     transactions, and nodes do not re-pool them) is closed by one recovery drive: the signed
+//!     bytes of every nonce from the chain's up to the highest sent go out again, in order.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -1053,4 +1056,40 @@ async fn a_defensive_cancellation_is_sent_while_due_once_per_interval_and_never_
     // No state moved, no event written: the confirmation manager re-evaluates from the chain.
     assert_eq!(t.state(&original).await, "CONFIRMED");
     assert!(t.events(&original).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_gap_of_several_nonces_below_what_was_sent_is_closed_by_one_recovery_drive() {
+    let t = Tier::new().await;
+    let mut seeded = Vec::new();
+    for nonce in 0..3 {
+        seeded.push(t.seed_signed(nonce).await);
+    }
+    t.drive_ok().await;
+    for s in &seeded {
+        assert_eq!(t.state(s).await, "SUBMITTED");
+    }
+    t.chain.mine();
+    assert!(seeded.iter().all(|s| t.chain.is_mined(s.hash)));
+    // The block goes, and its transactions with it: the chain's nonce is 0 again, nothing is
+    // pending, and txflow's rows still say SUBMITTED up to nonce 2.
+    t.chain.reorg(1);
+    assert!(t.chain.pooled().is_empty());
+    assert!(seeded.iter().all(|s| !t.chain.is_mined(s.hash)));
+    let before = t.chain.sent().len();
+
+    t.drive_recovery().await;
+    let resent: Vec<Vec<u8>> = t.chain.sent().split_off(before);
+    let expected: Vec<Vec<u8>> = seeded.iter().map(|s| s.raw.clone()).collect();
+    assert_eq!(
+        resent.len(),
+        expected.len(),
+        "every nonce of the gap is sent again in one drive"
+    );
+    assert_eq!(resent, expected, "the same signed bytes, in nonce order");
+    t.chain.mine();
+    assert!(
+        seeded.iter().all(|s| t.chain.is_mined(s.hash)),
+        "the gap is closed by the next block"
+    );
 }

@@ -428,10 +428,12 @@ impl BroadcastStage {
 
     /// Closes a gap at the chain's nonce (issue 32 item 10): when txflow sent something for the
     /// signer at or above the chain's latest nonce and the node holds nothing pending at it (a
-    /// reorg took the block that held our transaction there; nodes do not re-pool it), what
-    /// txflow signed for that nonce is sent again as it is — the latest attempt of the transaction
-    /// holding it (not being re-evaluated), else its defensive cancellation. The same bytes
-    /// can only ever be mined once. One nonce per recovery scan: the next scan looks again.
+    /// reorg took the block that held our transactions; nodes do not re-pool them), what txflow
+    /// signed for each nonce from the chain's up to the highest it sent is sent again as it is,
+    /// in nonce order — the latest attempt of the transaction holding it (not being
+    /// re-evaluated), else its defensive cancellation. The same bytes can only ever be mined
+    /// once. It stops at a nonce with nothing to send (later ones would only queue behind it)
+    /// or at a send that failed; the next scan looks again.
     async fn close_gap(
         &self,
         ctx: &DriveCtx<'_>,
@@ -446,10 +448,10 @@ impl BroadcastStage {
         };
         let address = latest.address;
         let latest = latest.get().await?;
-        let Ok(at) = i64::try_from(latest) else {
+        let Ok(from) = i64::try_from(latest) else {
             return Ok(());
         };
-        if at > highest {
+        if from > highest {
             return Ok(());
         }
         let pending = self
@@ -460,24 +462,29 @@ impl BroadcastStage {
         if pending > latest {
             return Ok(());
         }
-        let Some((what, tx_id, raw)) = store::signed_at_nonce(ctx.pool, key, at)
-            .await
-            .map_err(db("signed at nonce"))?
-        else {
-            return Ok(());
-        };
-        let sent = self.chain.send_raw(&raw).await;
-        tracing::warn!(
-            target: "txflow::reorg",
-            event = NONCE_GAP_RESENT,
-            signer = %key.signer,
-            nonce = at,
-            highest_sent = highest,
-            what,
-            %tx_id,
-            outcome = ?sent,
-            "nothing is pending at the chain's nonce below what txflow sent: its signed bytes for that nonce are sent again"
-        );
+        for at in from..=highest {
+            let Some((what, tx_id, raw)) = store::signed_at_nonce(ctx.pool, key, at)
+                .await
+                .map_err(db("signed at nonce"))?
+            else {
+                return Ok(());
+            };
+            let sent = self.chain.send_raw(&raw).await;
+            tracing::warn!(
+                target: "txflow::reorg",
+                event = NONCE_GAP_RESENT,
+                signer = %key.signer,
+                nonce = at,
+                highest_sent = highest,
+                what,
+                %tx_id,
+                outcome = ?sent,
+                "nothing is pending at the chain's nonce below what txflow sent: its signed bytes for that nonce are sent again"
+            );
+            if sent.is_err() {
+                return Ok(());
+            }
+        }
         Ok(())
     }
 
