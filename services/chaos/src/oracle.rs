@@ -55,9 +55,14 @@ pub struct Nonces {
 }
 
 impl Nonces {
-    /// No gap (the chain's nonce is txflow's cursor) and nothing left in the pool.
+    /// txflow's cursor is not the chain's nonce.
+    pub fn gap(&self) -> bool {
+        self.cursor.is_some_and(|c| c as u64 != self.chain)
+    }
+
+    /// No gap and nothing left in the pool.
     pub fn converged(&self) -> bool {
-        self.cursor.is_none_or(|c| c as u64 == self.chain) && self.pooled == 0
+        !self.gap() && self.pooled == 0
     }
 }
 
@@ -299,7 +304,7 @@ pub fn check(
 
     // Nonces without gaps: what txflow allocated is what the chain used.
     for n in nonces {
-        if n.cursor.is_some_and(|c| c as u64 != n.chain) {
+        if n.gap() {
             flag(
                 "nonce_gap",
                 format!(
