@@ -20,10 +20,15 @@ const TICKS_PER_S: f64 = 100.0;
 pub struct ProcStat {
     pub comm: String,
     /// utime + stime + cutime + cstime, in ticks: the process's own CPU time plus that of the
-    /// children it has reaped. Counting the reaped children keeps a group's sum whole when a
-    /// member exits during the phase: a PostgreSQL backend that ends is reaped by the postmaster,
-    /// whose cutime then holds its time.
+    /// children it has reaped. What a fixed process (this one, the broker, the node) used,
+    /// helpers it ran and reaped included.
     pub ticks: u64,
+    /// utime + stime: the process's own CPU time. What a member of a group whose members come
+    /// and go (PostgreSQL's processes) counts: `/proc` is read one process at a time, so a
+    /// backend that ends between two reads may be missing from the listing while its parent's
+    /// cutime was read before it was reaped. Own time never counts a process twice; a member
+    /// that ends during the phase loses its time in it (a lower bound, never a failure).
+    pub own: u64,
 }
 
 /// Parses a `/proc/<pid>/stat` line. The command name is in parentheses and may itself hold spaces
@@ -39,9 +44,11 @@ pub fn parse_stat(line: &str) -> Option<ProcStat> {
         let v: i64 = rest.get(n - 3)?.parse().ok()?;
         Some(v.max(0) as u64)
     };
+    let own = field(14)? + field(15)?;
     Some(ProcStat {
         comm,
-        ticks: field(14)? + field(15)? + field(16)? + field(17)?,
+        ticks: own + field(16)? + field(17)?,
+        own,
     })
 }
 
@@ -188,32 +195,12 @@ impl CpuProbe {
 
     pub fn sample(&self) -> CpuSample {
         let all = read_all();
-        let readings = self.groups.each_ref().map(|g| match g {
-            Group::Pids(pids) if pids.is_empty() => Reading::Unknown,
-            Group::Pids(pids) => Reading::Total(
-                pids.iter()
-                    .map(|pid| read_stat(*pid).map(|s| s.ticks))
-                    .sum::<Option<u64>>(),
-            ),
-            Group::Named(name) => Reading::Total(Some(
-                all.iter()
-                    .filter(|(_, s)| s.comm == *name)
-                    .map(|(_, s)| s.ticks)
-                    .sum(),
-            )),
-            Group::Backends(db) => Reading::PerProcess(
-                all.iter()
-                    .filter(|(pid, s)| {
-                        s.comm == "postgres"
-                            && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                                serves_database(&String::from_utf8_lossy(&c).replace('\0', " "), db)
-                            })
-                    })
-                    .map(|(pid, s)| (*pid, s.ticks))
-                    .collect(),
-            ),
-            Group::Unknown => Reading::Unknown,
-        });
+        let title = |pid: u32| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .ok()
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        };
+        let readings = self.groups.each_ref().map(|g| read_group(g, &all, title));
         let machine = std::fs::read_to_string("/proc/stat")
             .ok()
             .and_then(|s| parse_machine(&s));
@@ -222,6 +209,39 @@ impl CpuProbe {
             readings,
             machine,
         }
+    }
+}
+
+/// What one group holds in a listing of `/proc` (`all`; `title` reads a process's title). A fixed
+/// process is read again by its pid; the members of a named group or of a database's backends
+/// are taken from the listing, each with its own time.
+fn read_group(
+    group: &Group,
+    all: &[(u32, ProcStat)],
+    title: impl Fn(u32) -> Option<String>,
+) -> Reading {
+    match group {
+        Group::Pids(pids) if pids.is_empty() => Reading::Unknown,
+        Group::Pids(pids) => Reading::Total(
+            pids.iter()
+                .map(|pid| read_stat(*pid).map(|s| s.ticks))
+                .sum::<Option<u64>>(),
+        ),
+        Group::Named(name) => Reading::PerProcess(
+            all.iter()
+                .filter(|(_, s)| s.comm == *name)
+                .map(|(pid, s)| (*pid, s.own))
+                .collect(),
+        ),
+        Group::Backends(db) => Reading::PerProcess(
+            all.iter()
+                .filter(|(pid, s)| {
+                    s.comm == "postgres" && title(*pid).is_some_and(|t| serves_database(&t, db))
+                })
+                .map(|(pid, s)| (*pid, s.own))
+                .collect(),
+        ),
+        Group::Unknown => Reading::Unknown,
     }
 }
 
@@ -392,7 +412,8 @@ mod tests {
             parse_stat(line),
             Some(ProcStat {
                 comm: "postgres".into(),
-                ticks: 1234 + 56 + 7 + 8
+                ticks: 1234 + 56 + 7 + 8,
+                own: 1234 + 56,
             })
         );
         // A name with spaces and parentheses: fields are counted after the last ')'.
@@ -401,7 +422,8 @@ mod tests {
             parse_stat(odd),
             Some(ProcStat {
                 comm: "tokio (rt) 1".into(),
-                ticks: 30
+                ticks: 30,
+                own: 30,
             })
         );
         // A negative cutime (never seen, but signed in the format) counts as zero.
@@ -512,6 +534,74 @@ mod tests {
             "/usr/lib/postgresql/15/bin/postgres -D txflow_i15",
             "txflow_i15"
         ));
+    }
+
+    fn stat(comm: &str, own: u64, children: u64) -> ProcStat {
+        ProcStat {
+            comm: comm.into(),
+            ticks: own + children,
+            own,
+        }
+    }
+
+    /// `/proc` is listed one process at a time: a backend that ends between the postmaster's
+    /// read and its own is in neither the listing nor (yet) the postmaster's cutime. The group's
+    /// figure is then what its members still there used, never unknown (it was `null`, and the
+    /// allocation bench's report with it, when other databases' backends ended during a phase).
+    #[test]
+    fn a_named_group_whose_member_ended_between_reads_is_still_measured() {
+        let group = Group::Named("postgres");
+        let no_title = |_| None;
+        let start = [
+            (100, stat("postgres", 40, 500)),
+            (200, stat("postgres", 300, 0)),
+            (300, stat("postgres", 10, 0)),
+            (400, stat("tansu", 9, 0)),
+        ];
+        // 100 (the postmaster) used 5, 200 ended unreaped, 300 used 20, 500 is new.
+        let end = [
+            (100, stat("postgres", 45, 500)),
+            (300, stat("postgres", 30, 0)),
+            (400, stat("tansu", 99, 0)),
+            (500, stat("postgres", 7, 0)),
+        ];
+        let sample = |all: &[(u32, ProcStat)]| CpuSample {
+            at: Instant::now(),
+            readings: std::array::from_fn(|i| {
+                if i == 3 {
+                    read_group(&group, all, no_title)
+                } else {
+                    Reading::Unknown
+                }
+            }),
+            machine: None,
+        };
+        let used = sample(&start).until(&sample(&end));
+        assert_eq!(used.seconds[3], Some((5 + 20 + 7) as f64 / 100.0));
+        // Reaped later, the ended one's whole life lands in the postmaster's cutime: own time
+        // does not count it again.
+        let reaped = [
+            (100, stat("postgres", 45, 800)),
+            (300, stat("postgres", 30, 0)),
+        ];
+        let used = sample(&start).until(&sample(&reaped));
+        assert_eq!(used.seconds[3], Some((5 + 20) as f64 / 100.0));
+    }
+
+    #[test]
+    fn backends_are_taken_by_their_title_with_their_own_time() {
+        let group = Group::Backends("bench_1".into());
+        let title = |pid: u32| {
+            Some(match pid {
+                1 => "postgres: postgres bench_1 127.0.0.1(5) idle".to_string(),
+                _ => "postgres: postgres other 127.0.0.1(6) idle".to_string(),
+            })
+        };
+        let all = [(1, stat("postgres", 12, 3)), (2, stat("postgres", 50, 0))];
+        match read_group(&group, &all, title) {
+            Reading::PerProcess(m) => assert_eq!(m, BTreeMap::from([(1, 12)])),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// 2 s of wall time on 2 cores; no broker found.
