@@ -94,5 +94,51 @@ async fn a_published_request_is_booked_as_the_chain_holds_it_and_a_bad_one_never
         0,
         "a refused request never reached the allocator"
     );
+
+    // A second reader that only reads through a barrier (an empty record produced to each
+    // partition of tx.outcomes now, no poll of its own) holds every event the first one read.
+    let outcomes = p.config.topics.tx_outcomes();
+    let barrier = txflow_tests::producer(&p.config.kafka);
+    let mut marks = Vec::new();
+    for partition in 0..p.config.partitions {
+        let d = barrier
+            .send(
+                rdkafka::producer::FutureRecord::<[u8], [u8]>::to(&outcomes)
+                    .partition(partition)
+                    .payload(&[]),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("barrier produced");
+        marks.push((outcomes.clone(), d.partition, d.offset));
+    }
+    let mut late = OutcomeReader::open(
+        &settings,
+        ReadOptions {
+            confirmations: true,
+        },
+    )
+    .await
+    .expect("late reader");
+    assert!(
+        late.read_through(&marks, LONG).await.expect("read through"),
+        "read past the barrier before the deadline"
+    );
+    assert!(
+        late.unreadable >= marks.len() as u64,
+        "the barrier's records are read and are not events: {}",
+        late.unreadable
+    );
+    assert!(
+        late.book().outcomes_read() >= reader.book().outcomes_read(),
+        "the late reader holds {} events, the first read {}",
+        late.book().outcomes_read(),
+        reader.book().outcomes_read()
+    );
+    assert_eq!(late.book().journal(), reader.book().journal());
+    let late_views = late.book().by_request(&p.signer(0), "good-1");
+    assert_eq!(late_views.len(), 1, "{late_views:?}");
+    assert_eq!(late_views[0].booked.as_ref(), Some(&booked));
     p.stop().await;
 }

@@ -42,6 +42,10 @@ pub struct Announced {
     pub event_type: String,
     /// Recorded before the broker last lost its topics: it may be gone with them.
     pub before_broker_loss: bool,
+    /// Before a kill of the broker, txflow's outbox said the broker had acknowledged it (its
+    /// row was gone), and the reader, caught up with the broker's ends, did not hold it: it
+    /// never reached the broker, so the kill is no excuse.
+    pub acknowledged_unread: bool,
 }
 
 /// Per signer: txflow's nonce cursor, the chain's nonce, and how many of its transactions the
@@ -204,7 +208,17 @@ pub fn check(
         if book.has_outcome(&a.event_id) {
             continue;
         }
-        if a.before_broker_loss {
+        if a.acknowledged_unread {
+            flag(
+                "event_lost",
+                format!(
+                    "{} {} was marked acknowledged in the outbox before the broker was killed \
+                     and the broker never held it",
+                    a.event_type, a.event_id
+                ),
+                About::default(),
+            );
+        } else if a.before_broker_loss {
             v.lost_with_broker += 1;
         } else {
             flag(
@@ -327,4 +341,108 @@ pub fn check(
     }
     v.violations = violations;
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn announced(id: &str, before_broker_loss: bool, acknowledged_unread: bool) -> Announced {
+        Announced {
+            event_id: id.into(),
+            event_type: "TxSubmitted".into(),
+            before_broker_loss,
+            acknowledged_unread,
+        }
+    }
+
+    fn checks(v: &Verdict) -> Vec<&'static str> {
+        v.violations.iter().map(|x| x.check).collect()
+    }
+
+    /// An event missing downstream is the broker's loss only if it may have been in the broker
+    /// when it was killed: one recorded after the kill, or one the outbox called acknowledged
+    /// while a caught-up reader never saw it, is txflow's.
+    #[test]
+    fn a_missing_event_is_excused_only_when_the_broker_may_have_taken_it() {
+        let book = Book::new();
+        let v = check(&[], &[], &[], &[announced("a", true, false)], &[], &book);
+        assert_eq!((v.lost_with_broker, checks(&v)), (1, vec![]));
+        let v = check(&[], &[], &[], &[announced("b", false, false)], &[], &book);
+        assert_eq!((v.lost_with_broker, checks(&v)), (0, vec!["event_lost"]));
+        // Recorded before the loss, and marked acknowledged while the broker never held it.
+        let v = check(&[], &[], &[], &[announced("c", true, true)], &[], &book);
+        assert_eq!((v.lost_with_broker, checks(&v)), (0, vec!["event_lost"]));
+        assert!(
+            v.violations[0].detail.contains("marked acknowledged"),
+            "{v:?}"
+        );
+        assert_eq!(v.events_checked, 1);
+    }
+
+    #[test]
+    fn a_request_on_the_chain_twice_or_never_terminal_is_a_violation() {
+        let requested = [Requested {
+            signer: "0xAB".into(),
+            request_id: "r-1".into(),
+        }];
+        let tx = |nonce, block| OnChain {
+            signer: "0xab".into(),
+            nonce,
+            request_id: Some("r-1".into()),
+            success: true,
+            block,
+        };
+        let recorded = [Recorded {
+            signer: "0xab".into(),
+            request_id: "r-1".into(),
+            terminal: false,
+            state: "SUBMITTED".into(),
+        }];
+        let v = check(
+            &requested,
+            &[tx(0, 5), tx(1, 9)],
+            &recorded,
+            &[],
+            &[],
+            &Book::new(),
+        );
+        let found = checks(&v);
+        assert!(found.contains(&"executed_twice"), "{found:?}");
+        assert!(found.contains(&"not_terminal"), "{found:?}");
+        // On the chain and not booked downstream, nothing lost with a broker to excuse it.
+        assert!(found.contains(&"downstream_differs"), "{found:?}");
+        let twice = v
+            .violations
+            .iter()
+            .find(|x| x.check == "executed_twice")
+            .expect("executed_twice");
+        assert_eq!(twice.block, Some(9), "the later execution names the block");
+        assert_eq!(twice.request, Some(("0xab".into(), "r-1".into())));
+    }
+
+    #[test]
+    fn a_gap_or_a_full_pool_is_a_violation() {
+        let n = |cursor, chain, pooled| Nonces {
+            signer: "0xab".into(),
+            cursor,
+            chain,
+            pooled,
+        };
+        assert!(n(Some(3), 3, 0).converged());
+        assert!(
+            n(None, 3, 0).converged(),
+            "no cursor yet: nothing allocated"
+        );
+        assert!(n(Some(4), 3, 0).gap());
+        let v = check(
+            &[],
+            &[],
+            &[],
+            &[],
+            &[n(Some(4), 3, 0), n(Some(3), 3, 2)],
+            &Book::new(),
+        );
+        assert_eq!(checks(&v), vec!["nonce_gap", "pool_not_empty"]);
+    }
 }

@@ -15,7 +15,7 @@ use alloy::signers::local::PrivateKeySigner;
 use anyhow::Context as _;
 use serde_json::json;
 use txflow_client::{
-    Book, OutcomeReader, Producer, ReadOptions, Settings, TxCommand, TxCommandKind, TxRequest,
+    Book, OutcomeReader, Producer, ReadOptions, Settings, TxCommandKind, TxRequest,
 };
 
 use crate::cluster::{Daemon, Slot, Tools, free_port, spawn_logged, txflow_command};
@@ -30,6 +30,8 @@ const TERMINAL: &str =
     "(state IN ('CONFIRMED', 'FAILED') OR (state = 'REVERTED' AND confirmed_at IS NOT NULL))";
 const SINK: &str = "0x000000000000000000000000000000000000dead";
 const PREFIX: &str = "chaos";
+/// Partitions of every topic.
+const PARTITIONS: i32 = 4;
 /// Once every request is final in PostgreSQL, how long the downstream may read nothing new before
 /// the run is judged.
 const QUIET: Duration = Duration::from_secs(20);
@@ -175,6 +177,49 @@ impl Client {
         }
     }
 
+    /// Reads until the book holds everything the broker had acknowledged on `tx.outcomes` when
+    /// this was called: it produces an empty record (no `event_id`: the reader counts it
+    /// unreadable, nothing downstream books it) to each partition as a barrier and reads past
+    /// them. False when it could not, within `within`.
+    async fn catch_up(&mut self, within: Duration) -> bool {
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        let topic = self.settings.topics().tx_outcomes();
+        let marks = async {
+            let producer: FutureProducer = self.settings.kafka().producer_config().create()?;
+            let mut marks = Vec::new();
+            for p in 0..PARTITIONS {
+                let d = producer
+                    .send(
+                        FutureRecord::<[u8], [u8]>::to(&topic)
+                            .partition(p)
+                            .payload(&[]),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .map_err(|(e, _)| e)?;
+                marks.push((topic.clone(), d.partition, d.offset));
+            }
+            Ok::<_, rdkafka::error::KafkaError>(marks)
+        };
+        let marks = match marks.await {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("chaos: producing the barrier to {topic}: {e}");
+                return false;
+            }
+        };
+        match &mut self.reader {
+            Some(r) => match r.read_through(&marks, within).await {
+                Ok(caught) => caught,
+                Err(e) => {
+                    eprintln!("chaos: catching up with tx.outcomes: {e}");
+                    false
+                }
+            },
+            None => false,
+        }
+    }
+
     /// Closes the reader (before the broker goes away), keeping its book.
     fn close(&mut self) {
         if let Some(r) = self.reader.take() {
@@ -249,6 +294,8 @@ struct System {
     env: Vec<(String, String)>,
     db_url: String,
     tools: Tools,
+    /// The HTTP gateway's base URL.
+    gateway_url: String,
 }
 
 impl System {
@@ -449,6 +496,27 @@ async fn start_system(
         .erased();
     let proxy = FaultProxy::start(&anvil_url, vec![]).await?;
     let miner = Miner::start(provider.clone());
+    // The HTTP gateway the operator approves and cancels through, with a secret of the run's own
+    // (beside the logs, never in them).
+    let gport = free_port()?;
+    let secret_file = dir.join("gateway.secret");
+    {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&secret_file)
+            .with_context(|| format!("creating {}", secret_file.display()))?;
+        write!(
+            f,
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        )?;
+    }
     let env: Vec<(String, String)> = [
         ("TXFLOW_DATABASE_URL", db_url.clone()),
         ("TXFLOW_BROKERS", format!("127.0.0.1:{bport}")),
@@ -457,7 +525,7 @@ async fn start_system(
             format!("http://127.0.0.1:{rport}"),
         ),
         ("TXFLOW_TOPIC_PREFIX", PREFIX.to_string()),
-        ("TXFLOW_PARTITIONS", "4".to_string()),
+        ("TXFLOW_PARTITIONS", PARTITIONS.to_string()),
         ("TXFLOW_RPC_URLS", proxy.url.clone()),
         ("TXFLOW_CHAIN_ID", CHAIN_ID.to_string()),
         ("TXFLOW_LEASE_MS", o.lease_ms.to_string()),
@@ -469,6 +537,13 @@ async fn start_system(
             APPROVAL_THRESHOLD.to_string(),
         ),
         ("TXFLOW_LOG", "info".to_string()),
+        ("TXFLOW_GATEWAY_ADDR", format!("127.0.0.1:{gport}")),
+        (
+            "TXFLOW_GATEWAY_JWT_SECRET_FILE",
+            secret_file.display().to_string(),
+        ),
+        // The operator's one token lives as long as a soak.
+        ("TXFLOW_GATEWAY_JWT_MAX_LIFETIME_SECS", "86400".to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -486,6 +561,7 @@ async fn start_system(
         env,
         db_url,
         tools: o.tools.clone(),
+        gateway_url: format!("http://127.0.0.1:{gport}"),
     })
 }
 
@@ -534,6 +610,15 @@ async fn drive(
             ));
         }
     }
+    // One gateway, outside the schedule's roles (its draws stay what they were).
+    s.slots.push(Slot::start(
+        s.tools.txflow.clone(),
+        "gateway",
+        0,
+        s.env.clone(),
+        s.logs.join("gateway-0.log"),
+    ));
+    let operator = Operator::new(s).await?;
     let settings = Settings {
         brokers: env_of(&s.env, "TXFLOW_BROKERS"),
         schema_registry_url: env_of(&s.env, "TXFLOW_SCHEMA_REGISTRY_URL"),
@@ -542,8 +627,8 @@ async fn drive(
     };
     let mut client = Client::open(settings, Book::new()).await?;
     let db = s.pool().await?;
-    // When the broker last lost its topics, on PostgreSQL's clock (that of tx_events.created_at).
-    let mut broker_lost_at: Option<f64> = None;
+    // When the broker last lost its topics, and what txflow said it had delivered before.
+    let mut broker_loss = BrokerLoss::default();
     let span = Duration::from_millis((o.minutes * 60_000.0) as u64);
     let mut next_step = 0;
     let mut last_step = None;
@@ -578,7 +663,7 @@ async fn drive(
             let head = s.provider.get_block_number().await.unwrap_or(0);
             heads.push((step.number, head));
             w.applied = step.number;
-            apply(step, s, &mut client, &mut w, &db, &mut broker_lost_at).await?;
+            apply(step, s, &mut client, &mut w, &db, &mut broker_loss).await?;
             w.applied = step.number + 1;
             last_step = Some(step.number);
             next_step += 1;
@@ -589,7 +674,7 @@ async fn drive(
         convergence.look(s, &db, &w).await;
         client.poll(Duration::from_millis(50)).await;
         if last_command.elapsed() > Duration::from_secs(3) {
-            operator(&client, &mut w).await;
+            operator.act(&client, &w).await;
             last_command = Instant::now();
         }
         if last_progress.elapsed() > Duration::from_secs(5) {
@@ -649,7 +734,7 @@ async fn drive(
             break;
         }
         if last_command.elapsed() > Duration::from_secs(3) {
-            operator(&client, &mut w).await;
+            operator.act(&client, &w).await;
             last_command = Instant::now();
         }
         // An upstream republishes what it has no answer for (the broker may have lost it).
@@ -684,7 +769,7 @@ async fn drive(
     }
     client.poll(Duration::from_secs(2)).await;
     progress(started, "judging");
-    let mut verdict = judge(s, &db, &client, &w, broker_lost_at).await?;
+    let mut verdict = judge(s, &db, &client, &w, &broker_loss).await?;
     for v in &mut verdict.violations {
         v.since_step = v
             .request
@@ -854,25 +939,82 @@ async fn terminal_in_db(db: &sqlx::PgPool) -> anyhow::Result<bool> {
 
 /// The operator: each request waiting for an approval is approved or cancelled (sent again
 /// until the request is final: an early command finds nothing to approve yet).
-async fn operator(client: &Client, w: &mut Workload) {
-    for (i, kind) in w.approvals.clone() {
-        let r = &w.requested[i];
-        let views = client.book().by_request(&r.signer, &r.request_id);
-        let Some(v) = views.first() else { continue };
-        if v.progress == Some(txflow_client::Progress::Final) {
-            continue;
-        }
-        let c = TxCommand {
-            event_id: uuid::Uuid::new_v4().to_string(),
-            tx_id: v.tx_id.clone(),
-            chain_id: CHAIN_ID,
-            signer: r.signer.clone(),
-            command: kind,
-            requested_by: "chaos-operator".into(),
-            reason: Some("chaos".into()),
-        };
-        if let Err(e) = client.producer.command(&c).await {
-            eprintln!("chaos: command: {e}");
+/// The operator: approves or cancels the requests that wait for one through the HTTP gateway,
+/// with a bearer token `txflow token` minted (scopes `tx:approve:*` and `tx:cancel:*`), as a
+/// person at the console would. A command for a transaction already final changes nothing.
+struct Operator {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl Operator {
+    async fn new(s: &System) -> anyhow::Result<Operator> {
+        let out = txflow_command(
+            &s.tools.txflow,
+            &[
+                "token",
+                "--sub",
+                "chaos-operator",
+                "--scope",
+                "tx:approve:* tx:cancel:*",
+                "--ttl",
+                "86400",
+            ],
+            &s.env,
+        )
+        .output()
+        .await?;
+        anyhow::ensure!(
+            out.status.success(),
+            "txflow token failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let token = String::from_utf8(out.stdout)?.trim().to_string();
+        let port: u16 = s
+            .gateway_url
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .context("the gateway's port")?;
+        crate::cluster::wait_port("gateway", port, 60, &s.logs.join("gateway-0.log")).await?;
+        Ok(Operator {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()?,
+            url: s.gateway_url.clone(),
+            token,
+        })
+    }
+
+    async fn act(&self, client: &Client, w: &Workload) {
+        for (i, kind) in &w.approvals {
+            let r = &w.requested[*i];
+            let views = client.book().by_request(&r.signer, &r.request_id);
+            let Some(v) = views.first() else { continue };
+            if v.progress == Some(txflow_client::Progress::Final) {
+                continue;
+            }
+            let verb = match kind {
+                TxCommandKind::Approve => "approve",
+                _ => "cancel",
+            };
+            let answer = self
+                .http
+                .post(format!("{}/api/v1/tx/{}/{verb}", self.url, v.tx_id))
+                .bearer_auth(&self.token)
+                .json(&serde_json::json!({ "reason": "chaos" }))
+                .send()
+                .await;
+            match answer {
+                Ok(a) if a.status().is_success() => {}
+                Ok(a) => eprintln!(
+                    "chaos: {verb} {}: the gateway answered {}: {}",
+                    v.tx_id,
+                    a.status(),
+                    a.text().await.unwrap_or_default()
+                ),
+                Err(e) => eprintln!("chaos: {verb} {}: {e}", v.tx_id),
+            }
         }
     }
 }
@@ -883,7 +1025,7 @@ async fn apply(
     client: &mut Client,
     w: &mut Workload,
     db: &sqlx::PgPool,
-    broker_lost_at: &mut Option<f64>,
+    broker_loss: &mut BrokerLoss,
 ) -> anyhow::Result<()> {
     let slot =
         |role: &str, index: usize| s.slots.iter().find(|x| x.role == role && x.index == index);
@@ -903,7 +1045,7 @@ async fn apply(
             }
         }
         Fault::KillBroker { down_ms } => {
-            client.poll(Duration::from_millis(500)).await;
+            broker_loss.before_kill(db, client).await?;
             client.close();
             s.broker.kill().await;
             // What was recorded before this may be gone with the broker; what is recorded from
@@ -911,7 +1053,7 @@ async fn apply(
             let now: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now())::float8")
                 .fetch_one(db)
                 .await?;
-            *broker_lost_at = Some(now);
+            broker_loss.at = Some(now);
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
             s.broker.start().await?;
             s.setup().await?;
@@ -1250,12 +1392,55 @@ async fn transactions_in(
         .unwrap_or_default())
 }
 
+/// The event types txflow announces on `tx.outcomes` (as `tx_events` names them).
+const OUTCOME_TYPES: &str =
+    "('TxSubmitted', 'TxFailed', 'TxMined', 'TxReverted', 'TxConfirmed', 'TxConfirmationReverted')";
+
+/// What the run knows of the broker's losses, for the oracle's `event_lost` check.
+#[derive(Debug, Default)]
+struct BrokerLoss {
+    /// When the broker last lost its topics, on PostgreSQL's clock (that of
+    /// `tx_events.created_at`).
+    at: Option<f64>,
+    /// Events txflow said the broker had acknowledged before a kill (recorded, their outbox row
+    /// gone), and which the downstream reader, caught up with the broker's ends, did not hold:
+    /// never delivered, whatever the kill took with it.
+    acknowledged_unread: std::collections::BTreeSet<String>,
+}
+
+impl BrokerLoss {
+    /// Before the broker is killed: every event recorded since the last loss whose outbox row is
+    /// gone was acknowledged (the stage deletes the row only then), so it is in the log below
+    /// the ends read after this; the reader, caught up with those ends, must hold it. One it
+    /// does not hold was never delivered: a loss of txflow's, not the broker's. When the reader
+    /// cannot catch up (a broker that does not answer), nothing is decided.
+    async fn before_kill(&mut self, db: &sqlx::PgPool, client: &mut Client) -> anyhow::Result<()> {
+        let acknowledged: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT e.event_id::text FROM tx_events e
+             WHERE e.type IN {OUTCOME_TYPES}
+               AND e.created_at > to_timestamp($1)
+               AND NOT EXISTS (SELECT 1 FROM tx_outbox o WHERE o.event_id = e.event_id)"
+        ))
+        .bind(self.at.unwrap_or(0.0))
+        .fetch_all(db)
+        .await?;
+        if !client.catch_up(Duration::from_secs(20)).await {
+            eprintln!("chaos: the reader did not catch up with the broker before its kill");
+            return Ok(());
+        }
+        let book = client.book();
+        self.acknowledged_unread
+            .extend(acknowledged.into_iter().filter(|id| !book.has_outcome(id)));
+        Ok(())
+    }
+}
+
 async fn judge(
     s: &System,
     db: &sqlx::PgPool,
     client: &Client,
     w: &Workload,
-    broker_lost_at: Option<f64>,
+    broker_loss: &BrokerLoss,
 ) -> anyhow::Result<oracle::Verdict> {
     let ours: BTreeMap<Address, String> = w
         .keys
@@ -1299,18 +1484,19 @@ async fn judge(
             state,
         })
         .collect();
-    let events: Vec<(String, String, f64)> = sqlx::query_as(
+    let events: Vec<(String, String, f64)> = sqlx::query_as(&format!(
         "SELECT event_id::text, type, extract(epoch FROM created_at)::float8 FROM tx_events
-         WHERE type IN ('TxSubmitted', 'TxFailed', 'TxMined', 'TxReverted', 'TxConfirmed', 'TxConfirmationReverted')",
-    )
+             WHERE type IN {OUTCOME_TYPES}"
+    ))
     .fetch_all(db)
     .await?;
     let announced: Vec<Announced> = events
         .into_iter()
         .map(|(event_id, event_type, at)| Announced {
+            before_broker_loss: broker_loss.at.is_some_and(|b| at < b),
+            acknowledged_unread: broker_loss.acknowledged_unread.contains(&event_id),
             event_id,
             event_type,
-            before_broker_loss: broker_lost_at.is_some_and(|b| at < b),
         })
         .collect();
     let nonces = nonces(s, db, w, head).await?;

@@ -118,25 +118,68 @@ impl OutcomeReader {
     /// were applied (duplicates are not counted).
     pub async fn poll(&mut self, quiet: Duration) -> Result<usize, ClientError> {
         let mut applied = 0;
-        loop {
-            let m = match tokio::time::timeout(quiet, self.consumer.recv()).await {
-                Err(_) => return Ok(applied),
-                Ok(Err(source)) => {
-                    return Err(ClientError::Kafka {
-                        context: "reading tx.outcomes".into(),
-                        source,
-                    });
-                }
-                Ok(Ok(m)) => m,
-            };
-            match self.decode(&m).await? {
-                Some((event_id, event)) => {
-                    if self.book.apply(&event_id, event) {
-                        applied += 1;
-                    }
-                }
-                None => self.unreadable += 1,
+        while let Some(new) = self.next(quiet).await? {
+            applied += usize::from(new);
+        }
+        Ok(applied)
+    }
+
+    /// Reads and applies one record: `None` when nothing came within `wait`, else whether it
+    /// was a new event.
+    async fn next(&mut self, wait: Duration) -> Result<Option<bool>, ClientError> {
+        let m = match tokio::time::timeout(wait, self.consumer.recv()).await {
+            Err(_) => return Ok(None),
+            Ok(Err(source)) => {
+                return Err(ClientError::Kafka {
+                    context: "reading tx.outcomes".into(),
+                    source,
+                });
             }
+            Ok(Ok(m)) => m,
+        };
+        match self.decode(&m).await? {
+            Some((event_id, event)) => Ok(Some(self.book.apply(&event_id, event))),
+            None => {
+                self.unreadable += 1;
+                Ok(Some(false))
+            }
+        }
+    }
+
+    /// Reads until it has read past each `(topic, partition, offset)` of `marks`, or `within`
+    /// passes: `Ok(true)` once past all, `Ok(false)` when the deadline came first. With the
+    /// offsets of records the caller produced itself as a barrier (one per partition, after
+    /// something it wants to reconcile), the book then holds everything the broker had
+    /// acknowledged on those partitions before them. (A broker's high watermarks would do
+    /// without a barrier; the test broker, tansu, does not report them.)
+    pub async fn read_through(
+        &mut self,
+        marks: &[(String, i32, i64)],
+        within: Duration,
+    ) -> Result<bool, ClientError> {
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            let position = self
+                .consumer
+                .position()
+                .map_err(|source| ClientError::Kafka {
+                    context: "reading the position".into(),
+                    source,
+                })?;
+            let behind = marks.iter().any(|(t, p, mark)| {
+                !matches!(
+                    position.find_partition(t, *p).map(|e| e.offset()),
+                    Some(Offset::Offset(at)) if at > *mark
+                )
+            });
+            if !behind {
+                return Ok(true);
+            }
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            self.next(left.min(Duration::from_millis(100))).await?;
         }
     }
 

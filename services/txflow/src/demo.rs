@@ -152,7 +152,35 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
         }
     );
 
-    // Outcomes per signer, from PostgreSQL, next to what the chain says.
+    // What a downstream team books from tx.outcomes (txflow-client's OutcomeReader, the documented
+    // contract): every confirmed request booked once.
+    let mut reader = txflow_client::OutcomeReader::open(
+        &crate::local::client_settings(&config),
+        txflow_client::ReadOptions::default(),
+    )
+    .await?;
+    let booked_of = |reader: &txflow_client::OutcomeReader, signer: &str| {
+        reader
+            .book()
+            .views()
+            .filter(|v| v.signer.eq_ignore_ascii_case(signer) && v.booked.is_some())
+            .count() as u64
+    };
+    let booked_total = |reader: &txflow_client::OutcomeReader| {
+        reader.book().views().filter(|v| v.booked.is_some()).count() as u64
+    };
+    while booked_total(&reader) < expected_mined + 1 {
+        anyhow::ensure!(
+            Instant::now() < deadline + Duration::from_secs(60),
+            "tx.outcomes did not book every confirmed request: {} of {}",
+            booked_total(&reader),
+            expected_mined + 1
+        );
+        reader.poll(Duration::from_millis(500)).await?;
+    }
+
+    // Outcomes per signer, from PostgreSQL, next to what downstream booked and what the chain
+    // says.
     let rows: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT signer, state, count(*) FROM managed_tx WHERE request_id LIKE $1 GROUP BY signer, state ORDER BY signer, state",
     )
@@ -160,8 +188,8 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
     .fetch_all(&pool)
     .await?;
     println!(
-        "\n{:<44} {:>9} {:>9} {:>7} {:>11}",
-        "signer", "in flight", "confirmed", "failed", "on chain"
+        "\n{:<44} {:>9} {:>9} {:>7} {:>7} {:>11}",
+        "signer", "in flight", "confirmed", "booked", "failed", "on chain"
     );
     for i in 0..SIGNERS {
         let s = p.signer(i);
@@ -177,13 +205,17 @@ pub async fn run(config: &Config) -> anyhow::Result<()> {
             .latest()
             .await?;
         println!(
-            "{s:<44} {:>9} {:>9} {:>7} {:>11}",
+            "{s:<44} {:>9} {:>9} {:>7} {:>7} {:>11}",
             count(TxState::Submitted) + count(TxState::Mined),
             count(TxState::Confirmed),
+            booked_of(&reader, &s),
             count(TxState::Failed),
             on_chain
         );
     }
+    // Closed before the topics go: a consumer whose topics are deleted under it can crash
+    // librdkafka (issue #5280).
+    drop(reader);
     let failures: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
         "SELECT request_id, failure_code, failure_reason FROM managed_tx WHERE request_id LIKE $1 AND state = $2",
     )

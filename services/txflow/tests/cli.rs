@@ -200,6 +200,22 @@ async fn the_demo_runs_end_to_end_and_reports_every_signer() {
     .expect("count");
     assert_eq!(announced, 301);
     assert!(stdout.contains("confirmed ("), "{stdout}");
+    // The table per signer: what tx.outcomes booked downstream (txflow-client's OutcomeReader)
+    // equals what PostgreSQL holds CONFIRMED, signer by signer, 301 in all.
+    let table: Vec<Vec<&str>> = stdout
+        .lines()
+        .filter(|l| l.starts_with("0x"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(table.len(), 5, "one row per signer:\n{stdout}");
+    let mut booked = 0;
+    for row in &table {
+        // signer, in flight, confirmed, booked, failed, on chain
+        assert_eq!(row.len(), 6, "{row:?}");
+        assert_eq!(row[2], row[3], "confirmed = booked: {row:?}\n{stdout}");
+        booked += row[3].parse::<i64>().expect("booked is a number");
+    }
+    assert_eq!(booked, 301, "{stdout}");
     // Then the transfers, through the gateway to the coordinator and the spot ledger: alice's
     // two commit, bob's into a frozen spot account is rolled back, carol's sent while the ledger
     // was killed was retried and committed once it came back; the sums were kept.
