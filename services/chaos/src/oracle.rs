@@ -82,6 +82,8 @@ pub struct Verdict {
     /// txflow's (a durable Kafka keeps them); their transactions' downstream view is not
     /// compared.
     pub lost_with_broker: usize,
+    /// The first few of them (`type event_id`), to look up in `tx_events`.
+    pub lost_with_broker_events: Vec<String>,
     pub violations: Vec<Violation>,
 }
 
@@ -220,6 +222,10 @@ pub fn check(
             );
         } else if a.before_broker_loss {
             v.lost_with_broker += 1;
+            if v.lost_with_broker_events.len() < 20 {
+                v.lost_with_broker_events
+                    .push(format!("{} {}", a.event_type, a.event_id));
+            }
         } else {
             flag(
                 "event_lost",
@@ -368,6 +374,7 @@ mod tests {
         let book = Book::new();
         let v = check(&[], &[], &[], &[announced("a", true, false)], &[], &book);
         assert_eq!((v.lost_with_broker, checks(&v)), (1, vec![]));
+        assert_eq!(v.lost_with_broker_events, vec!["TxSubmitted a".to_string()]);
         let v = check(&[], &[], &[], &[announced("b", false, false)], &[], &book);
         assert_eq!((v.lost_with_broker, checks(&v)), (0, vec!["event_lost"]));
         // Recorded before the loss, and marked acknowledged while the broker never held it.

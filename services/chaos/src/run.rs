@@ -391,6 +391,7 @@ pub async fn run(o: Options) -> anyhow::Result<Report> {
         "reversals": verdict.reversals,
         "events_checked": verdict.events_checked,
         "lost_with_broker": verdict.lost_with_broker,
+        "lost_with_broker_events": verdict.lost_with_broker_events,
         "violations": verdict.violations.len(),
         "first_violations": verdict.violations.iter().take(10).collect::<Vec<_>>(),
         "last_step": last_step,
@@ -1429,8 +1430,15 @@ impl BrokerLoss {
             return Ok(());
         }
         let book = client.book();
+        let listed = acknowledged.len();
+        let before = self.acknowledged_unread.len();
         self.acknowledged_unread
             .extend(acknowledged.into_iter().filter(|id| !book.has_outcome(id)));
+        eprintln!(
+            "chaos: before the broker kill: {listed} events acknowledged per the outbox since \
+             the last loss, {} of them not on the broker",
+            self.acknowledged_unread.len() - before
+        );
         Ok(())
     }
 }

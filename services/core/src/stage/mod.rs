@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::producer::FutureProducer;
+use rdkafka::producer::{FutureProducer, Producer as _};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -98,6 +98,9 @@ pub struct StageRuntime<H: Handler> {
     settled: Mutex<Settled>,
     /// The acknowledged outputs whose outbox rows are to go, flushed by a task of [`Self::run`].
     marks: crate::outbox::MarkQueue,
+    /// A produce failed in a way the producer never recovers from (see [`produce::is_broken`]):
+    /// the loop builds a new one.
+    producer_broken: std::sync::atomic::AtomicBool,
 }
 
 impl<H: Handler> StageRuntime<H> {
@@ -117,6 +120,7 @@ impl<H: Handler> StageRuntime<H> {
             leases,
             config,
             held: Mutex::new(HashMap::new()),
+            producer_broken: std::sync::atomic::AtomicBool::new(false),
             settled: Mutex::new(Settled::default()),
             marks: crate::outbox::MarkQueue::default(),
         }
@@ -155,8 +159,8 @@ impl<H: Handler> StageRuntime<H> {
         topics.sort();
         topics.dedup();
         // One admin client for the stage's life: the topics are ensured again on every
-        // recovery scan, inside the loop (`TopicAdmin` says what a client per call cost).
-        let admin = TopicAdmin::new(&self.kafka).map_err(StageError::Topics)?;
+        // recovery scan (`TopicAdmin` says what a client per call cost), by a task of their own.
+        let admin = Arc::new(TopicAdmin::new(&self.kafka).map_err(StageError::Topics)?);
         admin
             .ensure(&topics, self.config.partitions)
             .await
@@ -171,7 +175,7 @@ impl<H: Handler> StageRuntime<H> {
         consumer
             .subscribe(&[&input_topic])
             .map_err(StageError::Kafka)?;
-        let producer: FutureProducer = self
+        let mut producer: FutureProducer = self
             .kafka
             .producer_config()
             .create()
@@ -182,6 +186,7 @@ impl<H: Handler> StageRuntime<H> {
         let mut next_scan = Instant::now() + self.config.recovery_interval;
         let mut next_ready = Instant::now() + self.config.ready_interval;
         let mut retry_pause: Option<Duration> = None;
+        let mut ensuring: Option<tokio::task::JoinHandle<()>> = None;
         tracing::info!(
             role = %self.handler.role(),
             node = %self.leases.node(),
@@ -191,6 +196,15 @@ impl<H: Handler> StageRuntime<H> {
             "stage started"
         );
         loop {
+            if let Some(why) = self.producer_beyond_repair(&producer) {
+                tracing::error!(role = %self.handler.role(), node = %self.leases.node(), reason = %why,
+                    "the producer cannot produce any more (its idempotence state was fenced or lost by the broker): building a new one; the outbox relays what it did not deliver");
+                producer = self
+                    .kafka
+                    .producer_config()
+                    .create()
+                    .map_err(StageError::Kafka)?;
+            }
             // Rebalances reported by the consumer context since the last poll.
             let mut scan_now: Vec<i32> = Vec::new();
             while let Ok(ev) = rebalances.try_recv() {
@@ -238,9 +252,18 @@ impl<H: Handler> StageRuntime<H> {
             }
             if Instant::now() >= next_scan {
                 next_scan = Instant::now() + self.config.recovery_interval;
-                // The broker may have lost topics (a memory broker restart): recreate them.
-                if let Err(e) = admin.ensure(&topics, self.config.partitions).await {
-                    tracing::warn!(error = %e, "could not ensure topics");
+                // The broker may have lost topics (a memory broker restart): recreate them, off
+                // the loop. A broker that hangs answers no admin request for their 10 s
+                // timeout; awaited here, every scan would hold the drives that long, and the
+                // events they produce would reach the broker's queue only late in an outage.
+                if ensuring.as_ref().is_none_or(|h| h.is_finished()) {
+                    let (admin, topics, partitions) =
+                        (admin.clone(), topics.clone(), self.config.partitions);
+                    ensuring = Some(tokio::spawn(async move {
+                        if let Err(e) = admin.ensure(&topics, partitions).await {
+                            tracing::warn!(error = %e, "could not ensure topics");
+                        }
+                    }));
                 }
                 let parts: Vec<i32> = assigned.iter().copied().collect();
                 if !parts.is_empty() {
@@ -284,6 +307,20 @@ impl<H: Handler> StageRuntime<H> {
         self.release_all().await;
         tracing::info!(role = %self.handler.role(), node = %self.leases.node(), "stage stopped");
         Ok(())
+    }
+
+    /// Why `producer` must be replaced, if it must: a fatal error set on it (librdkafka's
+    /// idempotent producer raises one when the broker fences or forgets its producer id), or a
+    /// produce since the last look that failed with such an error.
+    fn producer_beyond_repair(&self, producer: &FutureProducer) -> Option<String> {
+        let flagged = self
+            .producer_broken
+            .swap(false, std::sync::atomic::Ordering::SeqCst);
+        match producer.client().fatal_error() {
+            Some((code, reason)) => Some(format!("fatal error {code:?}: {reason}")),
+            None if flagged => Some("a produce failed with a producer-state error".into()),
+            None => None,
+        }
     }
 
     /// Partitions held again after none (the first assignment, or after a rebalance).

@@ -90,6 +90,10 @@ impl<H: Handler> StageRuntime<H> {
         {
             if let Err((e, _)) = &result {
                 tracing::warn!(parent: span, error = %e, topic = %o.topic, "could not produce an output");
+                if is_broken(e) {
+                    self.producer_broken
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                }
             }
             results.push((o.event_id.as_str(), result.is_ok()));
         }
@@ -199,6 +203,26 @@ pub fn child_traceparent(parent: Option<&str>) -> String {
     format!("00-{trace}-{span}-01")
 }
 
+/// Whether a produce error means the producer itself will never produce again: the broker
+/// fenced or forgot its producer id or epoch (a broker restarted without its state, a producer
+/// that bumped its epoch past a broker pause longer than the delivery timeout: tansu then
+/// answers ProducerFenced to everything), or librdkafka raised a fatal error. Only a new
+/// producer (a new producer id) gets past it.
+pub(super) fn is_broken(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::ProducerFenced
+                | C::InvalidProducerEpoch
+                | C::UnknownProducerId
+                | C::InvalidProducerIdMapping
+                | C::OutOfOrderSequenceNumber
+                | C::Fatal
+        )
+    )
+}
+
 /// The events to mark published from the broker's answers (`event_id`, acknowledged): an event
 /// produced on two topics (TxSubmitted and a receipt also go on `tx.outcomes`) only when every
 /// one of its outputs was acknowledged, so that the relay produces the missing copy again.
@@ -221,6 +245,28 @@ fn published(results: &[(&str, bool)]) -> Vec<uuid::Uuid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn producer_state_errors_break_the_producer_and_others_do_not() {
+        use rdkafka::error::KafkaError::MessageProduction as P;
+        use rdkafka::types::RDKafkaErrorCode as C;
+        for code in [
+            C::ProducerFenced,
+            C::InvalidProducerEpoch,
+            C::UnknownProducerId,
+            C::OutOfOrderSequenceNumber,
+        ] {
+            assert!(is_broken(&P(code)), "{code:?}");
+        }
+        for code in [
+            C::MessageTimedOut,
+            C::AllBrokersDown,
+            C::UnknownTopicOrPartition,
+            C::RequestTimedOut,
+        ] {
+            assert!(!is_broken(&P(code)), "{code:?}");
+        }
+    }
 
     #[test]
     fn traceparent_keeps_the_trace_and_makes_a_new_span() {
