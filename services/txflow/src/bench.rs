@@ -408,6 +408,8 @@ struct PipelineRun {
     writes: Writes,
     /// `--until confirmed`.
     confirmed: Option<ConfirmedRun>,
+    /// Topics on the broker before the run created its own (`None`: could not be read).
+    broker_topics: Option<usize>,
     head: u64,
     confirmations_required: u32,
     deadline: Duration,
@@ -509,6 +511,14 @@ impl PipelineRun {
             Writes::per_request(self.writes.rows, self.requests()),
             Writes::per_request(self.writes.transactions, self.requests()),
         );
+        match self.broker_topics {
+            Some(n) if n > MANY_TOPICS => println!(
+                "broker     {n} topics before the run: warning, a broker holding many topics left by \
+                 earlier runs costs more per request (docs/performance.md); measure on a fresh one"
+            ),
+            Some(n) => println!("broker     {n} topics before the run"),
+            None => println!("broker     topic count not read"),
+        }
         if let Some(c) = &self.confirmed {
             println!(
                 "confirmed  {} in {:.1} s ({} confirmations each; {} block(s) mined by the bench)",
@@ -551,6 +561,7 @@ impl PipelineRun {
             "moves_per_request": Writes::per_request(self.writes.rows, self.requests()),
             "write_transactions_per_request":
                 Writes::per_request(self.writes.transactions, self.requests()),
+            "broker_topics": self.broker_topics,
         });
         let Some(fields) = report.as_object_mut() else {
             return report;
@@ -639,6 +650,13 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
         )),
         config.topics.prefix
     );
+    let broker_topics = match topic_count(&config.kafka).await {
+        Ok(n) => Some(n),
+        Err(e) => {
+            eprintln!("bench: could not count the broker's topics: {e}");
+            None
+        }
+    };
     let p = LocalPipeline::start(config.clone(), signers).await?;
     let pool = txflow_core::db::connect(&config.database_url, 2).await?;
 
@@ -815,11 +833,28 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
         cpu,
         writes,
         confirmed,
+        broker_topics,
         head,
         confirmations_required: config.confirmations_required,
         deadline: Duration::from_secs(args.deadline_secs),
     })
 }
+
+/// How many topics the broker holds (its metadata for all topics).
+async fn topic_count(settings: &txflow_core::kafka::KafkaSettings) -> anyhow::Result<usize> {
+    let config = settings.assign_config();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
+        let probe: rdkafka::consumer::BaseConsumer = config.create()?;
+        let md =
+            rdkafka::consumer::Consumer::fetch_metadata(&probe, None, Duration::from_secs(10))?;
+        Ok(md.topics().len())
+    })
+    .await?
+}
+
+/// More topics than this on the broker before a run, and the bench warns: tansu's cost per
+/// request grows with the topics and groups earlier runs left (docs/performance.md).
+const MANY_TOPICS: usize = 200;
 
 /// How the measured requests went out.
 struct Sent {

@@ -642,6 +642,8 @@ async fn bench_compare_reports_the_pipeline_next_to_the_chain_alone() {
         moves >= 5.0 && 0.0 < transactions && transactions <= moves,
         "{r}"
     );
+    // What the broker held before the run: the shared test broker answers its metadata.
+    assert!(r["broker_topics"].as_u64().is_some(), "{r}");
     // The chain-alone phase went around txflow: PostgreSQL holds the 20 requests and the 2
     // warm-ups, each submitted, and nothing of the other 20 transactions.
     assert_eq!(submitted_and_rows(&db).await, (22, 22));
