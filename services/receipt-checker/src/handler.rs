@@ -107,8 +107,13 @@ impl Handler for ReceiptStage {
         route_signer(s.chain_id, &s.signer)
     }
 
+    /// A TxSubmitted only wakes the drive: its batches open no transaction.
+    fn writes_on_input(&self) -> bool {
+        false
+    }
+
     /// Nothing to write: the submission was recorded before TxSubmitted was produced. The
-    /// lookups happen in `drive`, right after the batch commits.
+    /// lookups happen in `drive`, right after the batch (which opens no transaction).
     async fn handle(
         &self,
         _w: &mut Fenced<'_>,

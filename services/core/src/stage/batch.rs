@@ -115,6 +115,27 @@ struct Applied {
     kept_signers: Vec<(ChainId, Signer)>,
 }
 
+/// A batch of a handler that writes nothing on input ([`Handler::writes_on_input`]): committed
+/// without a transaction; the signers whose lease is held are kept (and driven), the others'
+/// messages come again.
+fn nothing_to_write(
+    by_signer: &BTreeMap<(ChainId, Signer), Vec<usize>>,
+    held: impl Fn(&(ChainId, Signer)) -> bool,
+) -> Applied {
+    let mut applied = Applied {
+        committed: true,
+        ..Applied::default()
+    };
+    for (signer, idxs) in by_signer {
+        if held(signer) {
+            applied.kept_signers.push(signer.clone());
+        } else {
+            applied.retry.extend(idxs);
+        }
+    }
+    applied
+}
+
 /// `(tx_id, traceparent of the message's span)` of the transactions that messages without one (a
 /// request) made: the outputs that name a transaction.
 fn new_traces<I: Event>(
@@ -169,9 +190,14 @@ impl<H: Handler> StageRuntime<H> {
         // A batch slower than a renewal interval keeps its leases renewed, so that its commit's
         // lease check finds them current; a lost one is forgotten, and its signer's work is
         // refused by the fence (or the commit), the others' go on.
-        let renewed: Vec<HeldLease> = leases.values().cloned().collect();
-        let apply = self.apply(&items, &by_signer, &leases);
-        let mut applied = self.while_renewing(renewed, apply).await;
+        let mut applied = if self.handler.writes_on_input() {
+            let renewed: Vec<HeldLease> = leases.values().cloned().collect();
+            let apply = self.apply(&items, &by_signer, &leases);
+            self.while_renewing(renewed, apply).await
+        } else {
+            // Nothing to write: no transaction; the signers held are driven below.
+            nothing_to_write(&by_signer, |s| leases.contains_key(s))
+        };
         if !applied.committed {
             // Nothing of the batch was applied: everything comes again.
             applied.outputs.clear();
@@ -565,4 +591,32 @@ async fn abandon(tx: BatchTx) -> Option<Applied> {
         tracing::debug!(error = ?e, "rolling back the optimistic batch");
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signer(n: u8) -> (ChainId, Signer) {
+        let s = Signer::parse(&format!("0x{:040x}", n)).expect("an address");
+        (ChainId(1), s)
+    }
+
+    /// Without writes, a batch commits nothing and is "committed": the held signers are kept (to
+    /// be driven), the others' messages come again, and nothing is produced.
+    #[test]
+    fn a_batch_without_writes_keeps_the_held_signers_and_retries_the_others() {
+        let by_signer = BTreeMap::from([
+            (signer(1), vec![0, 2]),
+            (signer(2), vec![1]),
+            (signer(3), vec![3, 4]),
+        ]);
+        let held = [signer(1), signer(3)];
+        let applied = nothing_to_write(&by_signer, |s| held.contains(s));
+        assert!(applied.committed);
+        assert_eq!(applied.kept_signers, vec![signer(1), signer(3)]);
+        assert_eq!(applied.retry, BTreeSet::from([1]));
+        assert!(applied.outputs.is_empty() && applied.rejected.is_empty());
+        assert!(applied.failed.is_empty());
+    }
 }

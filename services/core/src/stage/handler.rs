@@ -292,6 +292,15 @@ pub trait Handler: Send + Sync + 'static {
         }
     }
 
+    /// Whether [`Handler::handle_batch`] writes anything. A stage whose messages only wake its
+    /// drive (the receipt checker: a TxSubmitted says "look for this receipt"; the row it names
+    /// is already there) answers false: its batches then open no transaction and call no
+    /// `handle_batch`; the runtime takes the signers' leases and drives them, as after a commit.
+    /// Default: true.
+    fn writes_on_input(&self) -> bool {
+        true
+    }
+
     /// Signers with work in this stage's input states in PostgreSQL (the recovery scan).
     fn pending_signers(
         &self,
@@ -346,6 +355,9 @@ impl<H: Handler> Handler for Arc<H> {
         inputs: &[&Self::Input],
     ) -> impl Future<Output = BatchResults> + Send {
         (**self).handle_batch(w, inputs)
+    }
+    fn writes_on_input(&self) -> bool {
+        (**self).writes_on_input()
     }
     fn pending_signers(
         &self,
