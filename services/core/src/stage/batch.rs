@@ -195,7 +195,17 @@ impl<H: Handler> StageRuntime<H> {
             let apply = self.apply(&items, &by_signer, &leases);
             self.while_renewing(renewed, apply).await
         } else {
-            // Nothing to write: no transaction; the signers held are driven below.
+            // Nothing to write: no transaction; the signers held are driven below. Each
+            // message's span still names the fencing token its signer's work runs under.
+            if otel::enabled() {
+                for (s, idxs) in &by_signer {
+                    if let Some(lease) = leases.get(s) {
+                        for &i in idxs {
+                            items[i].span.record("fencing_token", lease.token().0);
+                        }
+                    }
+                }
+            }
             nothing_to_write(&by_signer, |s| leases.contains_key(s))
         };
         if !applied.committed {
