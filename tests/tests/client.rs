@@ -20,6 +20,18 @@ fn settings(p: &Pipeline) -> Settings {
     }
 }
 
+/// A reader of `tx.outcomes` and `tx.confirmations` from their beginning.
+async fn open_reader(settings: &Settings) -> OutcomeReader {
+    OutcomeReader::open(
+        settings,
+        ReadOptions {
+            confirmations: true,
+        },
+    )
+    .await
+    .expect("reader")
+}
+
 #[tokio::test]
 async fn a_published_request_is_booked_as_the_chain_holds_it_and_a_bad_one_never_leaves_the_client()
 {
@@ -55,14 +67,7 @@ async fn a_published_request_is_booked_as_the_chain_holds_it_and_a_bad_one_never
     };
     producer.publish(&again).await.expect("published again");
 
-    let mut reader = OutcomeReader::open(
-        &settings,
-        ReadOptions {
-            confirmations: true,
-        },
-    )
-    .await
-    .expect("reader");
+    let mut reader = open_reader(&settings).await;
     let deadline = tokio::time::Instant::now() + LONG;
     while !reader
         .book()
@@ -113,14 +118,7 @@ async fn a_published_request_is_booked_as_the_chain_holds_it_and_a_bad_one_never
             .expect("barrier produced");
         marks.push((outcomes.clone(), d.partition, d.offset));
     }
-    let mut late = OutcomeReader::open(
-        &settings,
-        ReadOptions {
-            confirmations: true,
-        },
-    )
-    .await
-    .expect("late reader");
+    let mut late = open_reader(&settings).await;
     assert!(
         late.read_through(&marks, LONG).await.expect("read through"),
         "read past the barrier before the deadline"

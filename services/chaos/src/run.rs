@@ -294,8 +294,8 @@ struct System {
     env: Vec<(String, String)>,
     db_url: String,
     tools: Tools,
-    /// The HTTP gateway's base URL.
-    gateway_url: String,
+    /// The HTTP gateway's port on 127.0.0.1.
+    gateway_port: u16,
 }
 
 impl System {
@@ -562,7 +562,7 @@ async fn start_system(
         env,
         db_url,
         tools: o.tools.clone(),
-        gateway_url: format!("http://127.0.0.1:{gport}"),
+        gateway_port: gport,
     })
 }
 
@@ -972,17 +972,13 @@ impl Operator {
             String::from_utf8_lossy(&out.stderr)
         );
         let token = String::from_utf8(out.stdout)?.trim().to_string();
-        let port: u16 = s
-            .gateway_url
-            .rsplit_once(':')
-            .and_then(|(_, p)| p.parse().ok())
-            .context("the gateway's port")?;
+        let port = s.gateway_port;
         crate::cluster::wait_port("gateway", port, 60, &s.logs.join("gateway-0.log")).await?;
         Ok(Operator {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()?,
-            url: s.gateway_url.clone(),
+            url: format!("http://127.0.0.1:{port}"),
             token,
         })
     }
