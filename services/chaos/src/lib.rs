@@ -9,6 +9,8 @@
 //! - [`oracle`]: what must be true at the end, checked against the chain, PostgreSQL and
 //!   txflow-client's downstream view.
 //! - [`run`]: the workload (txflow-client's `Producer`), the schedule, the oracle.
+//! - [`transfers`]: with `--transfers`, users' transfers through the HTTP gateway, the spot
+//!   ledger and the coordinators, and the ledgers' balances the oracle checks.
 //!
 //! Replayable: the same seed replays the same schedule of faults and requests at the same
 //! offsets from the start; the interleaving of threads, processes and the broker is not
@@ -20,5 +22,6 @@ pub mod oracle;
 pub mod rng;
 pub mod run;
 pub mod schedule;
+pub mod transfers;
 
 pub use run::{Options, run};

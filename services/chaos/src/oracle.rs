@@ -84,6 +84,8 @@ pub struct Verdict {
     pub lost_with_broker: usize,
     /// The first few of them (`type event_id`), to look up in `tx_events`.
     pub lost_with_broker_events: Vec<String>,
+    /// With transfers: what they came to.
+    pub transfers: Option<TransferVerdict>,
     pub violations: Vec<Violation>,
 }
 
@@ -349,6 +351,235 @@ pub fn check(
     v
 }
 
+/// Amounts of the transfer workload, in millionths of the asset (USDT has 6 places).
+pub type Micros = i128;
+
+/// A decimal string (`"12.5"`, `"100.000000000000000000"`, `"-3"`) in millionths; `None` when it
+/// is not a decimal or has a non-zero digit past the sixth place.
+pub fn micros(text: &str) -> Option<Micros> {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    if int.is_empty() || !int.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if !frac.bytes().all(|b| b.is_ascii_digit()) || frac.bytes().skip(6).any(|b| b != b'0') {
+        return None;
+    }
+    let mut value: Micros = int.parse().ok()?;
+    for i in 0..6 {
+        let d = frac.as_bytes().get(i).map_or(0, |b| Micros::from(b - b'0'));
+        value = value.checked_mul(10)?.checked_add(d)?;
+    }
+    Some(if negative { -value } else { value })
+}
+
+/// How the gateway finally answered one transfer the workload asked for (the same `cid` sent
+/// again until it answered for good).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// 202 (or 200 for a `cid` sent again): the transfer's `req_id`.
+    Accepted(String),
+    /// A refusal the request itself earned (400, 409, …): its code.
+    Refused(String),
+    /// No answer for good before the run gave up: the last failure.
+    Unanswered(String),
+}
+
+/// One transfer the workload asked the gateway for.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub user: String,
+    pub cid: String,
+    pub answer: Answer,
+}
+
+/// A row of `transfers`.
+#[derive(Debug, Clone)]
+pub struct TransferRecord {
+    pub req_id: String,
+    pub user: String,
+    /// `FUNDING` or `SPOT`.
+    pub from: String,
+    pub to: String,
+    pub amount: Micros,
+    pub state: txflow_domain::transfer::TransferState,
+    pub error_code: Option<String>,
+}
+
+/// One user's balances at the end, as each ledger reports them, and the money put into each
+/// from outside.
+#[derive(Debug, Clone)]
+pub struct Ledgers {
+    pub user: String,
+    pub funding: Option<Micros>,
+    pub spot: Option<Micros>,
+    pub outside_funding: Micros,
+    pub outside_spot: Micros,
+}
+
+/// What the transfers came to, beside the verdict's violations.
+#[derive(Debug, Default, Serialize)]
+pub struct TransferVerdict {
+    pub asked: usize,
+    pub refused: usize,
+    /// The refusals by status and code (`"400 TRANSFER_NOT_ALLOWED"`).
+    pub refusals: BTreeMap<String, usize>,
+    pub committed: usize,
+    pub failed: usize,
+    pub rolled_back: usize,
+    /// Open rows of txflow's own conservation check at the end.
+    pub conservation_alarms: i64,
+}
+
+fn show(m: Micros) -> String {
+    let sign = if m < 0 { "-" } else { "" };
+    let m = m.abs();
+    format!("{sign}{}.{:06}", m / 1_000_000, m % 1_000_000)
+}
+
+/// Checks the transfers: every one the gateway accepted has its row and ended (COMMITTED,
+/// FAILED or ROLLED_BACK); every one asked was answered; each user's balance on each ledger is
+/// what the outside movements and the COMMITTED transfers make it (so no money was created or
+/// lost, none moved twice, and none moved by a transfer that says it did not); and txflow's
+/// own conservation check raised no alarm over ledgers that balance.
+pub fn check_transfers(
+    submitted: &[Submitted],
+    records: &[TransferRecord],
+    ledgers: &[Ledgers],
+    conservation_alarms: i64,
+    verdict: &mut Verdict,
+) -> TransferVerdict {
+    use txflow_domain::transfer::TransferState;
+    let mut out = TransferVerdict {
+        asked: submitted.len(),
+        conservation_alarms,
+        ..TransferVerdict::default()
+    };
+    let mut violate = |check: &'static str, detail: String, about: Option<(String, String)>| {
+        verdict.violations.push(Violation {
+            check,
+            detail,
+            request: about,
+            block: None,
+            after_step: None,
+            since_step: None,
+        });
+    };
+    let by_id: BTreeMap<&str, &TransferRecord> =
+        records.iter().map(|r| (r.req_id.as_str(), r)).collect();
+    for s in submitted {
+        match &s.answer {
+            Answer::Accepted(req_id) if !by_id.contains_key(req_id.as_str()) => violate(
+                "transfer_lost",
+                format!(
+                    "the gateway accepted {} ({req_id}) and no row holds it",
+                    s.cid
+                ),
+                Some((s.user.clone(), req_id.clone())),
+            ),
+            Answer::Accepted(_) => {}
+            Answer::Refused(code) => {
+                out.refused += 1;
+                *out.refusals.entry(code.clone()).or_default() += 1;
+            }
+            Answer::Unanswered(last) => violate(
+                "transfer_unanswered",
+                format!("{} was never answered for good (last: {last})", s.cid),
+                Some((s.user.clone(), s.cid.clone())),
+            ),
+        }
+    }
+    let mut moved: BTreeMap<&str, (Micros, Micros)> = BTreeMap::new();
+    for r in records {
+        match r.state {
+            TransferState::Committed => {
+                out.committed += 1;
+                let m = moved.entry(r.user.as_str()).or_default();
+                let amount = if r.from == "FUNDING" {
+                    r.amount
+                } else {
+                    -r.amount
+                };
+                m.0 -= amount;
+                m.1 += amount;
+            }
+            TransferState::Failed => out.failed += 1,
+            TransferState::RolledBack => out.rolled_back += 1,
+            other => violate(
+                "transfer_not_terminal",
+                format!(
+                    "{} → {} of {} ended the run in {}",
+                    r.from,
+                    r.to,
+                    show(r.amount),
+                    other.as_str()
+                ),
+                Some((r.user.clone(), r.req_id.clone())),
+            ),
+        }
+    }
+    let mut money_wrong = false;
+    for l in ledgers {
+        let (Some(funding), Some(spot)) = (l.funding, l.spot) else {
+            money_wrong = true;
+            violate(
+                "ledger_unread",
+                format!(
+                    "a ledger did not answer for {} (FUNDING {:?}, SPOT {:?})",
+                    l.user, l.funding, l.spot
+                ),
+                None,
+            );
+            continue;
+        };
+        let (df, ds) = moved.get(l.user.as_str()).copied().unwrap_or_default();
+        let (want_f, want_s) = (l.outside_funding + df, l.outside_spot + ds);
+        if funding + spot != l.outside_funding + l.outside_spot {
+            money_wrong = true;
+            violate(
+                "money_not_conserved",
+                format!(
+                    "{}: FUNDING {} + SPOT {} = {}, but {} came from outside",
+                    l.user,
+                    show(funding),
+                    show(spot),
+                    show(funding + spot),
+                    show(l.outside_funding + l.outside_spot)
+                ),
+                None,
+            );
+        } else if (funding, spot) != (want_f, want_s) {
+            money_wrong = true;
+            violate(
+                "ledger_differs",
+                format!(
+                    "{}: FUNDING {} and SPOT {}, but its committed transfers make them {} and {}",
+                    l.user,
+                    show(funding),
+                    show(spot),
+                    show(want_f),
+                    show(want_s)
+                ),
+                None,
+            );
+        }
+    }
+    if conservation_alarms > 0 && !money_wrong {
+        violate(
+            "false_conservation_alarm",
+            format!(
+                "txflow holds {conservation_alarms} open conservation violation(s) (transfers \
+                 halted) over ledgers that balance"
+            ),
+            None,
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,5 +682,139 @@ mod tests {
             &Book::new(),
         );
         assert_eq!(checks(&v), vec!["nonce_gap", "pool_not_empty"]);
+    }
+
+    mod transfers {
+        use super::super::*;
+        use txflow_domain::transfer::TransferState;
+
+        fn record(
+            id: &str,
+            user: &str,
+            from: &str,
+            amount: &str,
+            state: TransferState,
+        ) -> TransferRecord {
+            TransferRecord {
+                req_id: id.into(),
+                user: user.into(),
+                from: from.into(),
+                to: if from == "FUNDING" { "SPOT" } else { "FUNDING" }.into(),
+                amount: micros(amount).expect("amount"),
+                state,
+                error_code: None,
+            }
+        }
+
+        fn ledgers(user: &str, funding: &str, spot: &str) -> Ledgers {
+            Ledgers {
+                user: user.into(),
+                funding: micros(funding),
+                spot: micros(spot),
+                outside_funding: micros("100").expect("100"),
+                outside_spot: micros("50").expect("50"),
+            }
+        }
+
+        fn accepted(user: &str, id: &str) -> Submitted {
+            Submitted {
+                user: user.into(),
+                cid: format!("cid-{id}"),
+                answer: Answer::Accepted(id.into()),
+            }
+        }
+
+        fn checks(
+            submitted: &[Submitted],
+            records: &[TransferRecord],
+            l: &[Ledgers],
+            alarms: i64,
+        ) -> (Vec<&'static str>, TransferVerdict) {
+            let mut v = Verdict::default();
+            let t = check_transfers(submitted, records, l, alarms, &mut v);
+            (v.violations.iter().map(|x| x.check).collect(), t)
+        }
+
+        #[test]
+        fn amounts_are_read_in_millionths() {
+            assert_eq!(micros("12.5"), Some(12_500_000));
+            assert_eq!(micros("100.000000000000000000"), Some(100_000_000));
+            assert_eq!(micros("-3"), Some(-3_000_000));
+            assert_eq!(micros("0.000001"), Some(1));
+            assert_eq!(micros("0.0000001"), None);
+            assert_eq!(micros("1e3"), None);
+            assert_eq!(micros(""), None);
+            assert_eq!(micros(".5"), None);
+        }
+
+        #[test]
+        fn committed_transfers_explain_the_balances_and_the_others_move_nothing() {
+            let records = [
+                record("t1", "u", "FUNDING", "30", TransferState::Committed),
+                record("t2", "u", "SPOT", "10.5", TransferState::Committed),
+                record("t3", "u", "FUNDING", "7", TransferState::RolledBack),
+                record("t4", "u", "SPOT", "1", TransferState::Failed),
+            ];
+            let submitted: Vec<Submitted> = ["t1", "t2", "t3", "t4"]
+                .iter()
+                .map(|id| accepted("u", id))
+                .collect();
+            let (found, t) = checks(&submitted, &records, &[ledgers("u", "80.5", "69.5")], 0);
+            assert!(found.is_empty(), "{found:?}");
+            assert_eq!((t.committed, t.failed, t.rolled_back), (2, 1, 1));
+        }
+
+        #[test]
+        fn money_created_moved_twice_or_left_unfinished_is_a_violation() {
+            let records = [record("t1", "u", "FUNDING", "30", TransferState::Committed)];
+            let submitted = [accepted("u", "t1")];
+            // Credited twice on SPOT: money created.
+            let (found, _) = checks(&submitted, &records, &[ledgers("u", "70", "110")], 0);
+            assert_eq!(found, ["money_not_conserved"]);
+            // The sum holds but the transfer says it moved 30 where 20 moved.
+            let (found, _) = checks(&submitted, &records, &[ledgers("u", "80", "70")], 0);
+            assert_eq!(found, ["ledger_differs"]);
+            // A transfer still under way, one the gateway accepted but nobody holds, one never
+            // answered, and a ledger that did not answer.
+            let open = [record(
+                "t1",
+                "u",
+                "FUNDING",
+                "30",
+                TransferState::TargetPending,
+            )];
+            let submitted = [
+                accepted("u", "t1"),
+                accepted("u", "t9"),
+                Submitted {
+                    user: "u".into(),
+                    cid: "c".into(),
+                    answer: Answer::Unanswered("503".into()),
+                },
+            ];
+            let mut l = ledgers("u", "70", "80");
+            l.spot = None;
+            let (found, _) = checks(&submitted, &open, &[l], 0);
+            assert_eq!(
+                found,
+                [
+                    "transfer_lost",
+                    "transfer_unanswered",
+                    "transfer_not_terminal",
+                    "ledger_unread"
+                ]
+            );
+        }
+
+        #[test]
+        fn an_alarm_over_balanced_ledgers_is_false_and_one_over_a_loss_is_not() {
+            let records = [record("t1", "u", "FUNDING", "30", TransferState::Committed)];
+            let submitted = [accepted("u", "t1")];
+            let (found, t) = checks(&submitted, &records, &[ledgers("u", "70", "80")], 1);
+            assert_eq!(found, ["false_conservation_alarm"]);
+            assert_eq!(t.conservation_alarms, 1);
+            let (found, _) = checks(&submitted, &records, &[ledgers("u", "70", "79")], 1);
+            assert_eq!(found, ["money_not_conserved"]);
+        }
     }
 }

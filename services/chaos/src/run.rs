@@ -23,6 +23,7 @@ use crate::fault_proxy::{Fault as RpcFault, FaultProxy, Rule};
 use crate::oracle::{self, Announced, Nonces, OnChain, Recorded, Requested};
 use crate::rng::Rng;
 use crate::schedule::{Fault, Kinds, ROLES, Schedule, Shape, Step};
+use crate::transfers::{self, TransferLoad};
 
 const CHAIN_ID: i64 = 31337;
 /// A `managed_tx` row that is final (`TxState::is_terminal`, and REVERTED once settled).
@@ -52,6 +53,9 @@ pub struct Options {
     pub requests: u64,
     /// Requests per second (the workload stops at `requests`).
     pub rate: f64,
+    /// Internal transfers asked of the gateway over the run (0: none, and no coordinator or
+    /// spot ledger runs).
+    pub transfers: u64,
     pub processes: usize,
     pub confirmations: u64,
     pub lease_ms: u64,
@@ -392,6 +396,7 @@ pub async fn run(o: Options) -> anyhow::Result<Report> {
         "events_checked": verdict.events_checked,
         "lost_with_broker": verdict.lost_with_broker,
         "lost_with_broker_events": verdict.lost_with_broker_events,
+        "transfers": verdict.transfers,
         "violations": verdict.violations.len(),
         "first_violations": verdict.violations.iter().take(10).collect::<Vec<_>>(),
         "last_step": last_step,
@@ -407,6 +412,71 @@ pub async fn run(o: Options) -> anyhow::Result<Report> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(Report { line, passed })
+}
+
+/// How the run's own spot adapter reaches the ledger (to fund the users and read balances).
+fn spot_config(s: &System) -> txflow_transfer_coordinator::spot::SpotAdapterConfig {
+    let topics = txflow_client::Settings {
+        brokers: env_of(&s.env, "TXFLOW_BROKERS"),
+        schema_registry_url: env_of(&s.env, "TXFLOW_SCHEMA_REGISTRY_URL"),
+        topic_prefix: PREFIX.into(),
+        chain_id: CHAIN_ID,
+    };
+    txflow_transfer_coordinator::spot::SpotAdapterConfig {
+        kafka: topics.kafka(),
+        registry_url: topics.schema_registry_url.clone(),
+        commands_topic: topics.topics().spot_commands(),
+        events_topic: topics.topics().spot_events(),
+        timeout: Duration::from_secs(5),
+    }
+}
+
+/// Starts the spot ledger and the coordinators, mints each user's token (`txflow token`, scope
+/// `transfer`) and funds the users.
+async fn start_transfers(
+    o: &Options,
+    s: &mut System,
+    db: &sqlx::PgPool,
+    total: u64,
+) -> anyhow::Result<TransferLoad> {
+    s.slots.push(Slot::start(
+        s.tools.txflow.clone(),
+        "spot-ledger",
+        0,
+        s.env.clone(),
+        s.logs.join("spot-ledger-0.log"),
+    ));
+    for index in 0..o.processes {
+        s.slots.push(Slot::start(
+            s.tools.txflow.clone(),
+            "transfer-coordinator",
+            index,
+            s.env.clone(),
+            s.logs.join(format!("transfer-coordinator-{index}.log")),
+        ));
+    }
+    let mut tokens = Vec::new();
+    for user in TransferLoad::users() {
+        tokens.push(mint_token(s, &user, "transfer").await?);
+    }
+    TransferLoad::start(o.seed, total, db, spot_config(s), s.gateway_port, tokens).await
+}
+
+/// A bearer token from `txflow token` with the run's secret, valid for a day.
+async fn mint_token(s: &System, sub: &str, scope: &str) -> anyhow::Result<String> {
+    let out = txflow_command(
+        &s.tools.txflow,
+        &["token", "--sub", sub, "--scope", scope, "--ttl", "86400"],
+        &s.env,
+    )
+    .output()
+    .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "txflow token failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
 }
 
 async fn stop_daemons(s: &mut System) {
@@ -548,6 +618,7 @@ async fn start_system(
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
+    .chain(transfers::env(dir))
     .collect();
     Ok(System {
         logs: logs.to_path_buf(),
@@ -620,6 +691,11 @@ async fn drive(
         s.logs.join("gateway-0.log"),
     ));
     let operator = Operator::new(s).await?;
+    let db = s.pool().await?;
+    let mut load = match o.transfers {
+        0 => None,
+        n => Some(start_transfers(o, s, &db, n).await?),
+    };
     let settings = Settings {
         brokers: env_of(&s.env, "TXFLOW_BROKERS"),
         schema_registry_url: env_of(&s.env, "TXFLOW_SCHEMA_REGISTRY_URL"),
@@ -627,7 +703,6 @@ async fn drive(
         chain_id: CHAIN_ID,
     };
     let mut client = Client::open(settings, Book::new()).await?;
-    let db = s.pool().await?;
     // When the broker last lost its topics, and what txflow said it had delivered before.
     let mut broker_loss = BrokerLoss::default();
     let span = Duration::from_millis((o.minutes * 60_000.0) as u64);
@@ -647,6 +722,9 @@ async fn drive(
             let r = w.request(value, None, None);
             client.publish(&r).await?;
             w.requested.push(r);
+        }
+        if let Some(load) = &mut load {
+            load.ask_due(t.as_secs_f64() / span.as_secs_f64().max(0.001));
         }
         while let Some(step) = schedule
             .steps
@@ -680,6 +758,9 @@ async fn drive(
         }
         if last_progress.elapsed() > Duration::from_secs(5) {
             progress(started, status(&client, &w));
+            if let Some(load) = &load {
+                progress(started, load.status(&db).await);
+            }
             last_progress = Instant::now();
         }
         if t >= span && w.requested.len() as u64 >= o.requests && next_step >= schedule.steps.len()
@@ -693,6 +774,9 @@ async fn drive(
     for slot in &s.slots {
         slot.resume();
     }
+    if load.is_some() {
+        transfers::restore_rules(&db).await?;
+    }
     progress(started, "healed; waiting for every request to end");
     let deadline = Instant::now() + Duration::from_secs(o.settle_secs);
     let mut last_republish = Instant::now();
@@ -705,7 +789,11 @@ async fn drive(
         if read != last_read.0 {
             last_read = (read, Instant::now());
         }
-        if terminal_in_db(&db).await.unwrap_or(false) {
+        let transfers_ended = match &load {
+            None => true,
+            Some(t) => t.all_answered() && t.all_ended(&db).await.unwrap_or(false),
+        };
+        if transfers_ended && terminal_in_db(&db).await.unwrap_or(false) {
             if open.is_empty() {
                 break;
             }
@@ -758,9 +846,17 @@ async fn drive(
         }
         if last_progress.elapsed() > Duration::from_secs(5) {
             progress(started, status(&client, &w));
+            if let Some(load) = &load {
+                progress(started, load.status(&db).await);
+            }
             last_progress = Instant::now();
         }
     }
+    // The transfers' answers, rows and balances, while the spot ledger still runs.
+    let transfers_done = match load.take() {
+        Some(t) => Some(t.finish(&db, spot_config(s)).await?),
+        None => None,
+    };
     // A last look, unthrottled: the settling may have ended between two.
     convergence.last_look = None;
     convergence.look(s, &db, &w).await;
@@ -771,6 +867,15 @@ async fn drive(
     client.poll(Duration::from_secs(2)).await;
     progress(started, "judging");
     let mut verdict = judge(s, &db, &client, &w, &broker_loss).await?;
+    if let Some(f) = transfers_done {
+        verdict.transfers = Some(oracle::check_transfers(
+            &f.submitted,
+            &f.records,
+            &f.ledgers,
+            f.alarms,
+            &mut verdict,
+        ));
+    }
     for v in &mut verdict.violations {
         v.since_step = v
             .request
@@ -951,27 +1056,7 @@ struct Operator {
 
 impl Operator {
     async fn new(s: &System) -> anyhow::Result<Operator> {
-        let out = txflow_command(
-            &s.tools.txflow,
-            &[
-                "token",
-                "--sub",
-                "chaos-operator",
-                "--scope",
-                "tx:approve:* tx:cancel:*",
-                "--ttl",
-                "86400",
-            ],
-            &s.env,
-        )
-        .output()
-        .await?;
-        anyhow::ensure!(
-            out.status.success(),
-            "txflow token failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let token = String::from_utf8(out.stdout)?.trim().to_string();
+        let token = mint_token(s, "chaos-operator", "tx:approve:* tx:cancel:*").await?;
         let port = s.gateway_port;
         crate::cluster::wait_port("gateway", port, 60, &s.logs.join("gateway-0.log")).await?;
         Ok(Operator {
@@ -1063,6 +1148,32 @@ async fn apply(
             client.reopen().await?;
         }
         Fault::PauseBroker { ms } => pause_broker(s, client, w, db, ms).await?,
+        Fault::KillTransferRole {
+            role,
+            index,
+            restart_ms,
+        } => {
+            if let Some(x) = slot(role, index) {
+                x.kill(restart_ms);
+            }
+        }
+        Fault::PauseCoordinator { index, ms } => {
+            if let Some(x) = slot("transfer-coordinator", index) {
+                x.pause(ms);
+            }
+        }
+        Fault::AssetRules { change, ms } => match transfers::set_rules(db, Some(change)).await {
+            Ok(()) => {
+                let db = db.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    if let Err(e) = transfers::restore_rules(&db).await {
+                        eprintln!("chaos: {e:#}");
+                    }
+                });
+            }
+            Err(e) => eprintln!("chaos: {e:#}"),
+        },
         Fault::KillPostgres { down_ms } => {
             s.postgres.kill().await;
             tokio::time::sleep(Duration::from_millis(down_ms)).await;

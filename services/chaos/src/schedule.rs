@@ -14,6 +14,23 @@ pub const ROLES: [&str; 5] = [
     "confirmation-manager",
 ];
 
+/// The transfer roles `txflow chaos --transfers` runs: N coordinators and one spot ledger (a
+/// single writer: its index is always 0).
+pub const TRANSFER_ROLES: [&str; 2] = ["transfer-coordinator", "spot-ledger"];
+
+/// How an operator changes the asset's rules while transfers are under way (restored after the
+/// step's time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleChange {
+    /// `max_amount` lowered below most transfers' amounts.
+    LowerMax,
+    /// The asset SUSPENDED.
+    Suspend,
+    /// `internal_transfer_enabled` false.
+    DisableTransfers,
+}
+
 /// One fault (or one burst of adversarial upstream input).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -73,6 +90,20 @@ pub enum Fault {
         depth: u64,
         down_ms: u64,
     },
+    /// `kill -9` one transfer coordinator or the spot ledger; restarted after `restart_ms` (the
+    /// ledger on its write-ahead log). Only with `--transfers`.
+    KillTransferRole {
+        role: &'static str,
+        index: usize,
+        restart_ms: u64,
+    },
+    /// SIGSTOP one transfer coordinator, SIGCONT after `ms` (half of them past the lease: the
+    /// paused owner resumes after another took its users). Only with `--transfers`.
+    PauseCoordinator { index: usize, ms: u64 },
+    /// The operator changes the asset's rules for `ms`, then restores them: transfers admitted
+    /// before and not yet sent are refused, those already sent must finish as they began. Only
+    /// with `--transfers`.
+    AssetRules { change: RuleChange, ms: u64 },
 }
 
 impl Fault {
@@ -94,12 +125,18 @@ impl Fault {
             Fault::ForeignNonce { .. } => "foreign_nonce",
             Fault::ReorgWhileDown { .. } => "reorg_while_down",
             Fault::PauseBroker { .. } => "pause_broker",
+            Fault::KillTransferRole { .. } => "kill_transfer_role",
+            Fault::PauseCoordinator { .. } => "pause_coordinator",
+            Fault::AssetRules { .. } => "asset_rules",
         }
     }
 }
 
 /// Every kind of fault, by name: the first steps of a schedule cover each once.
-pub const KINDS: usize = 16;
+pub const KINDS: usize = 19;
+
+/// The kinds that need no transfers: the first [`PIPELINE_KINDS`] of [`NAMES`].
+pub const PIPELINE_KINDS: usize = 16;
 
 /// The name of each kind of fault, by the index the schedule draws ([`Fault::name`]).
 pub const NAMES: [&str; KINDS] = [
@@ -119,6 +156,9 @@ pub const NAMES: [&str; KINDS] = [
     "foreign_nonce",
     "reorg_while_down",
     "pause_broker",
+    "kill_transfer_role",
+    "pause_coordinator",
+    "asset_rules",
 ];
 
 /// The kinds of fault a schedule draws from (every kind by default; `--faults` narrows it).
@@ -127,6 +167,20 @@ pub struct Kinds(u32);
 
 impl Kinds {
     pub const ALL: Kinds = Kinds((1 << KINDS) - 1);
+    /// The kinds a run without transfers draws from by default.
+    pub const PIPELINE: Kinds = Kinds((1 << PIPELINE_KINDS) - 1);
+    /// The kinds that act on transfers.
+    pub const TRANSFERS: Kinds = Kinds(Kinds::ALL.0 & !Kinds::PIPELINE.0);
+
+    /// Both sets of kinds.
+    pub const fn with(self, other: Kinds) -> Kinds {
+        Kinds(self.0 | other.0)
+    }
+
+    /// Some kind of this set acts on transfers.
+    pub const fn has_transfer_kinds(self) -> bool {
+        self.0 & Kinds::TRANSFERS.0 != 0
+    }
 
     /// A comma-separated list of names ([`NAMES`]); an unknown name or an empty list is an error
     /// that lists the names.
@@ -307,12 +361,38 @@ fn fault_of(kind: usize, rng: &mut Rng, shape: Shape) -> Fault {
         },
         // Most pauses outlive the delivery timeout: the produces of every stage fail while its
         // process lives on, and only the outbox's unacknowledged events bring them back.
-        _ => Fault::PauseBroker {
+        15 => Fault::PauseBroker {
             ms: if rng.chance(75) {
                 rng.between(33_000, 40_000)
             } else {
                 rng.between(1_000, 5_000)
             },
+        },
+        // The ledger as often as a coordinator; some outages outlive the coordinator's call
+        // timeout several times over (each retry an unknown outcome).
+        16 => {
+            let role = TRANSFER_ROLES[rng.below(TRANSFER_ROLES.len() as u64) as usize];
+            Fault::KillTransferRole {
+                role,
+                index: if role == "spot-ledger" { 0 } else { index },
+                restart_ms: rng.between(200, 6_000),
+            }
+        }
+        17 => Fault::PauseCoordinator {
+            index,
+            ms: if rng.chance(50) {
+                rng.between(shape.lease_ms + 500, shape.lease_ms * 2 + 1_000)
+            } else {
+                rng.between(200, shape.lease_ms / 2 + 200)
+            },
+        },
+        _ => Fault::AssetRules {
+            change: [
+                RuleChange::LowerMax,
+                RuleChange::Suspend,
+                RuleChange::DisableTransfers,
+            ][rng.below(3) as usize],
+            ms: rng.between(1_000, 6_000),
         },
     }
 }
@@ -329,7 +409,7 @@ mod tests {
             processes: 2,
             required_confirmations: 3,
             lease_ms: 3_000,
-            kinds: Kinds::ALL,
+            kinds: Kinds::PIPELINE,
             max_reorg_depth: Shape::default_max_reorg_depth(3),
         }
     }
@@ -424,12 +504,72 @@ mod tests {
 
     #[test]
     fn the_first_steps_cover_every_kind_once_in_order_of_time() {
-        for seed in 0..50 {
-            let s = Schedule::draw(seed, shape(KINDS));
-            let kinds: BTreeSet<&str> = s.steps.iter().map(|x| x.fault.name()).collect();
-            assert_eq!(kinds.len(), KINDS, "seed {seed}: {kinds:?}");
-            assert!(s.steps.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
-            assert!(s.steps.iter().all(|x| x.at_ms < 60_000));
+        for (set, n) in [(Kinds::PIPELINE, PIPELINE_KINDS), (Kinds::ALL, KINDS)] {
+            for seed in 0..50 {
+                let s = Schedule::draw(
+                    seed,
+                    Shape {
+                        kinds: set,
+                        ..shape(n)
+                    },
+                );
+                let kinds: BTreeSet<&str> = s.steps.iter().map(|x| x.fault.name()).collect();
+                assert_eq!(kinds.len(), n, "seed {seed}: {kinds:?}");
+                assert!(s.steps.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
+                assert!(s.steps.iter().all(|x| x.at_ms < 60_000));
+            }
+        }
+        // Without transfers no transfer fault is drawn, whatever the length.
+        let long = Schedule::draw(7, shape(200));
+        assert!(
+            long.steps
+                .iter()
+                .all(|x| NAMES[..PIPELINE_KINDS].contains(&x.fault.name()))
+        );
+        assert!(!Kinds::PIPELINE.has_transfer_kinds());
+        assert!(
+            Kinds::parse("asset_rules")
+                .expect("kind")
+                .has_transfer_kinds()
+        );
+        assert_eq!(Kinds::PIPELINE.with(Kinds::TRANSFERS), Kinds::ALL);
+    }
+
+    #[test]
+    fn transfer_faults_kill_the_one_ledger_and_pause_coordinators_past_the_lease() {
+        let only = Shape {
+            kinds: Kinds::TRANSFERS,
+            ..shape(60)
+        };
+        let steps: Vec<Step> = (0..10)
+            .flat_map(|seed| Schedule::draw(seed, only).steps)
+            .collect();
+        let kill = |role: &str| {
+            steps
+                .iter()
+                .any(|s| matches!(s.fault, Fault::KillTransferRole { role: r, .. } if r == role))
+        };
+        assert!(kill("spot-ledger") && kill("transfer-coordinator"));
+        assert!(steps.iter().all(|s| match s.fault {
+            Fault::KillTransferRole { role, index, .. } => role != "spot-ledger" || index == 0,
+            _ => true,
+        }));
+        assert!(
+            steps
+                .iter()
+                .any(|s| matches!(s.fault, Fault::PauseCoordinator { ms, .. } if ms > 3_000))
+        );
+        for change in [
+            RuleChange::LowerMax,
+            RuleChange::Suspend,
+            RuleChange::DisableTransfers,
+        ] {
+            assert!(
+                steps
+                    .iter()
+                    .any(|s| matches!(s.fault, Fault::AssetRules { change: c, .. } if c == change)),
+                "{change:?}"
+            );
         }
     }
 

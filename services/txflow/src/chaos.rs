@@ -18,7 +18,8 @@ pub struct ChaosArgs {
     /// The kinds of fault to draw from, comma-separated (every kind by default): kill_role,
     /// pause_role, kill_broker, kill_postgres, reorg, rpc_errors, rpc_timeouts,
     /// lost_send_answers, lagging_head, duplicates, bad_records, chained, approvals,
-    /// foreign_nonce, reorg_while_down.
+    /// foreign_nonce, reorg_while_down, pause_broker; with --transfers also
+    /// kill_transfer_role, pause_coordinator, asset_rules.
     #[arg(long, value_parser = txflow_chaos::schedule::Kinds::parse)]
     faults: Option<txflow_chaos::schedule::Kinds>,
     /// The deepest a reorg deeper than the confirmations goes (3 × confirmations + 2 by
@@ -35,6 +36,11 @@ pub struct ChaosArgs {
     /// Requests per second.
     #[arg(long, default_value_t = 5.0)]
     rate: f64,
+    /// Internal transfers to ask of the gateway over the run, by four users (0: none). Runs the
+    /// spot ledger and N transfer coordinators, and adds the transfer faults (kill_transfer_role,
+    /// pause_coordinator, asset_rules) to those drawn from.
+    #[arg(long, default_value_t = 0)]
+    transfers: u64,
     /// Processes per role.
     #[arg(long, default_value_t = 2)]
     processes: usize,
@@ -85,7 +91,15 @@ fn newest_pg_bin() -> anyhow::Result<PathBuf> {
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let confirmations = args.confirmations.max(1);
-    let kinds = args.faults.unwrap_or(Kinds::ALL);
+    let kinds = match (args.faults, args.transfers) {
+        (Some(k), 0) if k.has_transfer_kinds() => anyhow::bail!(
+            "--faults names a transfer fault (kill_transfer_role, pause_coordinator, asset_rules): \
+             it needs --transfers N"
+        ),
+        (Some(k), _) => k,
+        (None, 0) => Kinds::PIPELINE,
+        (None, _) => Kinds::ALL,
+    };
     let max_reorg_depth = args
         .max_reorg_depth
         .unwrap_or_else(|| Shape::default_max_reorg_depth(confirmations));
@@ -122,6 +136,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
         signers: args.signers.max(1),
         requests: args.requests,
         rate: args.rate,
+        transfers: args.transfers,
         processes: args.processes.max(1),
         confirmations,
         lease_ms: args.lease_ms,

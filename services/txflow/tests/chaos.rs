@@ -7,7 +7,9 @@
 //! once on the final chain, every request final, the downstream view equal to the chain, nonces
 //! without gaps, an empty pool, no event lost; and the system stood converged before judging.
 //! And a third schedule of three broker pauses past the producers' delivery timeout, with no
-//! broker kill to excuse a missing event.
+//! broker kill to excuse a missing event; and a fourth with internal transfers, the spot ledger
+//! and the coordinators killed and paused, the asset's rules changed mid-flight, and the broker
+//! and PostgreSQL lost, judged on both ledgers' balances.
 
 use txflow_tests::services;
 
@@ -31,7 +33,7 @@ fn passes(seed: &str) -> serde_json::Value {
     let kinds = report["fault_kinds"].as_array().expect("fault kinds");
     assert_eq!(
         kinds.len(),
-        txflow_chaos::schedule::KINDS,
+        txflow_chaos::schedule::PIPELINE_KINDS,
         "one of every kind: {kinds:?}"
     );
     assert!(report["requests"].as_u64().unwrap_or(0) >= 60, "{report}");
@@ -113,4 +115,38 @@ fn broker_pauses_past_the_delivery_timeout_lose_no_event() {
         "{report}"
     );
     assert_eq!(report["lost_with_broker"], 0, "no broker kill: {report}");
+}
+
+/// Seed 2 with `--transfers 80`: four users ask the HTTP gateway for 80 transfers over a minute
+/// while the spot ledger is killed twice (4.5 s and 5.5 s down), a coordinator killed and paused,
+/// transfers disabled on the asset for 5 s, and the broker and PostgreSQL lost. Every accepted
+/// transfer ends; each user's FUNDING and SPOT balances are what the outside movements and the
+/// COMMITTED transfers make them; txflow's conservation check raised no alarm. It catches a
+/// coordinator that compensates a credit of unknown outcome (docs/chaos.md "Does it bite?").
+#[test]
+fn transfers_through_ledger_crashes_and_rule_changes_move_each_amount_once() {
+    let report = chaos(&[
+        "--seed",
+        "2",
+        "--transfers",
+        "80",
+        "--faults",
+        "kill_transfer_role,pause_coordinator,asset_rules,kill_broker,kill_postgres,kill_role",
+        "--steps",
+        "9",
+        "--minutes",
+        "1",
+        "--requests",
+        "20",
+        "--rate",
+        "1",
+        "--settle-secs",
+        "240",
+    ]);
+    let kinds = report["fault_kinds"].as_array().expect("fault kinds");
+    assert_eq!(kinds.len(), 6, "one of each kind asked: {kinds:?}");
+    let t = &report["transfers"];
+    assert_eq!(t["asked"], 80, "{report}");
+    assert!(t["committed"].as_u64().unwrap_or(0) > 0, "{report}");
+    assert_eq!(t["conservation_alarms"], 0, "{report}");
 }
