@@ -458,8 +458,9 @@ pub fn check_transfers(
         conservation_alarms,
         ..TransferVerdict::default()
     };
+    let mut found = Vec::new();
     let mut violate = |check: &'static str, detail: String, about: Option<(String, String)>| {
-        verdict.violations.push(Violation {
+        found.push(Violation {
             check,
             detail,
             request: about,
@@ -577,6 +578,19 @@ pub fn check_transfers(
             None,
         );
     }
+    // The money first: a halt that follows a loss leaves transfers unanswered, and the report
+    // shows the first few violations only.
+    const ORDER: [&str; 7] = [
+        "money_not_conserved",
+        "ledger_differs",
+        "ledger_unread",
+        "false_conservation_alarm",
+        "transfer_lost",
+        "transfer_not_terminal",
+        "transfer_unanswered",
+    ];
+    found.sort_by_key(|v| ORDER.iter().position(|c| *c == v.check));
+    verdict.violations.extend(found);
     out
 }
 
@@ -798,10 +812,10 @@ mod tests {
             assert_eq!(
                 found,
                 [
+                    "ledger_unread",
                     "transfer_lost",
-                    "transfer_unanswered",
                     "transfer_not_terminal",
-                    "ledger_unread"
+                    "transfer_unanswered",
                 ]
             );
         }

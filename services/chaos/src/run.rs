@@ -39,6 +39,9 @@ const QUIET: Duration = Duration::from_secs(20);
 /// How often the pipeline stages' recovery scan runs (txflow-core's
 /// `StageConfig::for_pipeline`).
 const RECOVERY_SCAN_MS: u64 = 5_000;
+/// With `asset_rules` and the ledger down: how long after the kill the rules change (past the
+/// coordinators' 1.5 s call timeout and a retry).
+const RULES_LEAD_MS: u64 = 2_500;
 /// At or above this value a request waits for an approval.
 const APPROVAL_THRESHOLD: u64 = 1_000_000;
 
@@ -1162,18 +1165,33 @@ async fn apply(
                 x.pause(ms);
             }
         }
-        Fault::AssetRules { change, ms } => match transfers::set_rules(db, Some(change)).await {
-            Ok(()) => {
-                let db = db.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                    if let Err(e) = transfers::restore_rules(&db).await {
-                        eprintln!("chaos: {e:#}");
-                    }
-                });
-            }
-            Err(e) => eprintln!("chaos: {e:#}"),
-        },
+        Fault::AssetRules {
+            change,
+            ms,
+            ledger_down,
+        } => {
+            // With the ledger down, the rules change only once calls made meanwhile have timed
+            // out (their outcomes unknown, retried), and the ledger comes back while they stand.
+            let lead = match (ledger_down, slot("spot-ledger", 0)) {
+                (true, Some(x)) => {
+                    x.kill(RULES_LEAD_MS + ms / 2);
+                    RULES_LEAD_MS
+                }
+                _ => 0,
+            };
+            let db = db.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(lead)).await;
+                if let Err(e) = transfers::set_rules(&db, Some(change)).await {
+                    eprintln!("chaos: {e:#}");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                if let Err(e) = transfers::restore_rules(&db).await {
+                    eprintln!("chaos: {e:#}");
+                }
+            });
+        }
         Fault::KillPostgres { down_ms } => {
             s.postgres.kill().await;
             tokio::time::sleep(Duration::from_millis(down_ms)).await;

@@ -101,9 +101,15 @@ pub enum Fault {
     /// paused owner resumes after another took its users). Only with `--transfers`.
     PauseCoordinator { index: usize, ms: u64 },
     /// The operator changes the asset's rules for `ms`, then restores them: transfers admitted
-    /// before and not yet sent are refused, those already sent must finish as they began. Only
-    /// with `--transfers`.
-    AssetRules { change: RuleChange, ms: u64 },
+    /// before and not yet sent are refused, those already sent must finish as they began. With
+    /// `ledger_down`, the spot ledger is killed 2.5 s before the change and started again
+    /// halfway through it: the calls made to it meanwhile have unknown outcomes when the rules
+    /// change, are retried under the changed rules, and the ledger applies them when it is back. Only with `--transfers`.
+    AssetRules {
+        change: RuleChange,
+        ms: u64,
+        ledger_down: bool,
+    },
 }
 
 impl Fault {
@@ -393,6 +399,7 @@ fn fault_of(kind: usize, rng: &mut Rng, shape: Shape) -> Fault {
                 RuleChange::DisableTransfers,
             ][rng.below(3) as usize],
             ms: rng.between(1_000, 6_000),
+            ledger_down: rng.chance(50),
         },
     }
 }
@@ -570,6 +577,12 @@ mod tests {
                     .any(|s| matches!(s.fault, Fault::AssetRules { change: c, .. } if c == change)),
                 "{change:?}"
             );
+            for down in [false, true] {
+                assert!(steps.iter().any(|s| matches!(
+                    s.fault,
+                    Fault::AssetRules { ledger_down, .. } if ledger_down == down
+                )));
+            }
         }
     }
 

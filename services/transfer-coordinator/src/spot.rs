@@ -13,8 +13,9 @@
 //!   again and gets the ledger's recorded decision for the first one. So the coordinator's retry
 //!   after a TIMEOUT is the same call, and calls with one key made at once all get that answer.
 //! - Inputs are re-validated before anything is produced (defence in depth: the domain's
-//!   `check_id`, `parse_amount`, and for a transfer — not a compensation — the asset's rule and
-//!   `check_amount`); a refusal there produces nothing and is an explicit failure.
+//!   `check_id`, `parse_amount`, and for a transfer — not a compensation — the asset's status
+//!   (`check_asset`) and `check_amount`); a refusal there produces nothing and is an explicit
+//!   failure.
 //!
 //! Outside movements ([`SpotAdapter::external`]): a CREDIT or DEBIT with `external` set, money
 //! entering or leaving the trading core from outside the two ledgers (not a transfer leg); the
@@ -46,8 +47,8 @@ use txflow_core::events::{SpotCommand, SpotOp, SpotOutcome, SpotReply};
 use txflow_core::kafka::KafkaSettings;
 use txflow_core::retry::{Classify, Retry};
 use txflow_core::transfer::{
-    AdapterResponse, AssetTable, Rejected, TransferCode, check_amount, check_asset_code, check_id,
-    parse_amount,
+    AdapterResponse, AssetTable, Rejected, TransferCode, check_amount, check_asset,
+    check_asset_code, check_id, parse_amount,
 };
 
 /// The default [`SpotAdapterConfig::timeout`].
@@ -590,7 +591,11 @@ fn validate(
     if shape_only {
         check_asset_code(call.asset)?;
     } else {
-        check_amount(amount, assets.rule(call.asset)?)?;
+        // A command never sent: the asset's status and its limits, as the FUNDING adapter
+        // checks them for its source.
+        let rule = assets.rule(call.asset)?;
+        check_asset(rule)?;
+        check_amount(amount, rule)?;
     }
     Ok(amount.to_string())
 }

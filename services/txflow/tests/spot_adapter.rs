@@ -203,6 +203,57 @@ async fn spot_adapter_credit_debit_and_insufficient_balance() {
     assert_eq!(b.balance(&u, "USDT").await, dec("70.25"));
 }
 
+/// The asset's status is a rule of a source never sent, on SPOT as on FUNDING: a new SPOT debit
+/// of a suspended asset, or of one whose internal transfers are off, is refused by the adapter
+/// (nothing produced); the same debit sent again as a source that may have gone out (checked
+/// for its shape only) reaches the ledger, whose decision stands. Found by `txflow chaos
+/// --transfers` (seed 4): SPOT → FUNDING transfers went on under a suspension that failed
+/// their FUNDING → SPOT siblings with ASSET_SUSPENDED.
+#[tokio::test]
+async fn spot_adapter_refuses_a_new_source_of_a_suspended_asset_but_not_one_sent_again() {
+    let b = Bench::new(Duration::from_secs(10)).await;
+    let a = &b.adapter;
+    let u = unique("suspended");
+    let credit = a.credit(&call("s0", &u, "USDT", "50"), false).await;
+    assert_success(&credit, SpotOutcome::Applied, "50");
+    let changed = |status: AssetStatus, enabled: bool| {
+        AssetTable::new(
+            asset_table()
+                .rule("USDT")
+                .into_iter()
+                .cloned()
+                .map(|r| AssetRule {
+                    status,
+                    internal_transfer_enabled: enabled,
+                    ..r
+                }),
+        )
+        .expect("valid asset rules")
+    };
+    for (table, code) in [
+        (
+            changed(AssetStatus::Suspended, true),
+            TransferCode::AssetSuspended,
+        ),
+        (
+            changed(AssetStatus::Active, false),
+            TransferCode::TransferNotAllowed,
+        ),
+    ] {
+        a.set_assets(table);
+        let r = a.debit(&call("s1", &u, "USDT", "20")).await;
+        assert_eq!(r.response, fail(code));
+        assert!(r.reply.is_none(), "refused before producing: {r:?}");
+        assert_eq!(b.balance(&u, "USDT").await, dec("50"));
+    }
+    // Sent again as a source that may have gone out: the ledger decides, the rules do not.
+    let again = a
+        .shape_checked(&call("s1", &u, "USDT", "20"), SpotOp::Debit, false)
+        .await;
+    assert_success(&again, SpotOutcome::Applied, "30");
+    a.set_assets(asset_table());
+}
+
 #[tokio::test]
 async fn spot_adapter_frozen_account_fails_explicitly_and_compensation_credits() {
     let b = Bench::new(Duration::from_secs(10)).await;
