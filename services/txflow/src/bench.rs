@@ -3,7 +3,9 @@
 //! - `--scenario broker-hop`: one produce → consume hop through the configured broker with the
 //!   pipeline's client settings; reports the per-hop latency distribution and the rate achieved.
 //! - `--scenario pipeline` (default): requests through the real pipeline (issue #5), until every
-//!   one is mined (`--until submitted`, the default) or CONFIRMED (`--until confirmed`).
+//!   one is mined (`--until submitted`, the default) or CONFIRMED (`--until confirmed`: as a
+//!   downstream reader books it, txflow-client's `OutcomeReader` on `tx.outcomes`). The requests
+//!   go in through txflow-client's `Producer`.
 //! - `--scenario anvil`: the chain alone — the same transactions (same signers × requests, same
 //!   calldata markers) signed here and sent straight to the RPC endpoint, to put the pipeline's
 //!   figures next to what the chain takes without txflow.
@@ -659,6 +661,19 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
     };
     let p = LocalPipeline::start(config.clone(), signers).await?;
     let pool = txflow_core::db::connect(&config.database_url, 2).await?;
+    // CONFIRMED as a downstream team books it: txflow-client's OutcomeReader on tx.outcomes.
+    let mut reader = match until {
+        Until::Confirmed => Some(
+            txflow_client::OutcomeReader::open(
+                &crate::local::client_settings(&config),
+                txflow_client::ReadOptions {
+                    confirmations: false,
+                },
+            )
+            .await?,
+        ),
+        Until::Submitted => None,
+    };
 
     let bar = indicatif::ProgressBar::new(total as u64);
     bar.set_style(
@@ -687,11 +702,11 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut blocks = BlockNudge::new();
-    if until == Until::Confirmed {
+    if let Some(reader) = &mut reader {
         let want = signers as u64;
         let confirmed = wait_confirmed(
             &p,
-            &pool,
+            reader,
             (&run, Phase::Warmup, want),
             warm_deadline,
             &mut blocks,
@@ -746,7 +761,7 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
     // Finality: after the last transaction the chain must go on making blocks for the
     // confirmation manager to count (see `BlockNudge`).
     let mut confirmed = None;
-    if until == Until::Confirmed {
+    if let Some(reader) = &mut reader {
         let bar = indicatif::ProgressBar::new(total as u64);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
@@ -760,7 +775,7 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
         ));
         let n = wait_confirmed(
             &p,
-            &pool,
+            reader,
             (&run, Phase::Measured, total as u64),
             deadline,
             &mut blocks,
@@ -816,6 +831,8 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
     };
     let head = p.provider.get_block_number().await?;
     p.stop().await?;
+    // The reader's consumer goes before its topics do (librdkafka #5280).
+    drop(reader);
     delete_topics(&config.kafka, &config.topics.all()).await?;
     Ok(PipelineRun {
         until,
@@ -994,6 +1011,15 @@ enum Phase {
 }
 
 impl Phase {
+    /// `request_id` is one of this phase's requests of `run`.
+    fn matches(self, run: &str, request_id: &str) -> bool {
+        let warmup = request_id.starts_with(&format!("{run}-warmup-"));
+        match self {
+            Phase::Warmup => warmup,
+            Phase::Measured => request_id.starts_with(&format!("{run}-")) && !warmup,
+        }
+    }
+
     /// The phase's request ids are `LIKE` the first pattern and `NOT LIKE` the second.
     fn patterns(self, run: &str) -> (String, &'static str) {
         match self {
@@ -1134,24 +1160,19 @@ fn nonce_gaps(next_nonce: u64, ours: impl IntoIterator<Item = u64>) -> u64 {
 /// blocks come if the chain stops; returns how many are CONFIRMED.
 async fn wait_confirmed(
     p: &crate::local::LocalPipeline,
-    pool: &sqlx::PgPool,
+    reader: &mut txflow_client::OutcomeReader,
     (run, phase, want): (&str, Phase, u64),
     deadline: Instant,
     blocks: &mut BlockNudge,
     bar: Option<&indicatif::ProgressBar>,
 ) -> anyhow::Result<u64> {
-    let (like, not_like) = phase.patterns(run);
     loop {
-        let confirmed: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM managed_tx
-             WHERE request_id LIKE $1 AND request_id NOT LIKE $2 AND state = $3",
-        )
-        .bind(&like)
-        .bind(not_like)
-        .bind(txflow_core::state::TxState::Confirmed.as_str())
-        .fetch_one(pool)
-        .await?;
-        let confirmed = confirmed.max(0) as u64;
+        reader.poll(Duration::from_millis(100)).await?;
+        let confirmed = reader
+            .book()
+            .views()
+            .filter(|v| v.booked.is_some() && phase.matches(run, &v.request_id))
+            .count() as u64;
         if let Some(bar) = bar {
             bar.set_position(confirmed);
         }
@@ -1159,7 +1180,6 @@ async fn wait_confirmed(
             return Ok(confirmed);
         }
         blocks.tick(&p.provider).await?;
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -1480,6 +1500,16 @@ mod tests {
         let steps = step_latencies(&sent, &marks);
         assert_eq!(steps, vec![vec![10.0, 30.0], vec![10.0, 40.0]]);
         assert!(step_latencies(&sent, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_phase_holds_its_own_requests_of_its_own_run() {
+        assert!(Phase::Warmup.matches("ab12", "ab12-warmup-3"));
+        assert!(!Phase::Warmup.matches("ab12", "ab12-3-7"));
+        assert!(Phase::Measured.matches("ab12", "ab12-3-7"));
+        assert!(!Phase::Measured.matches("ab12", "ab12-warmup-3"));
+        assert!(!Phase::Measured.matches("ab12", "cd34-3-7"));
+        assert!(!Phase::Measured.matches("ab12", ""));
     }
 
     #[test]

@@ -403,9 +403,10 @@ async fn bench_allocate_takes_gap_free_nonces_for_one_hot_signer() {
     assert_eq!(cursor, 500);
 }
 
-/// `--until confirmed` follows every request to CONFIRMED and reports it from PostgreSQL and the
-/// chain: every request confirmed once, no nonce a request does not hold, and request → CONFIRMED
-/// no shorter than request → SUBMITTED.
+/// `--until confirmed` follows every request to CONFIRMED as a downstream team books it
+/// (txflow-client's `OutcomeReader` on `tx.outcomes`) and checks the chain: every request
+/// confirmed once, no nonce a request does not hold, and request → CONFIRMED no shorter than
+/// request → SUBMITTED.
 #[tokio::test]
 async fn bench_until_confirmed_reports_every_request_confirmed_and_no_nonce_gap() {
     let db = TestDb::empty().await;
