@@ -1376,8 +1376,8 @@ async fn run_anvil(config: &Config, args: &BenchArgs) -> anyhow::Result<AnvilRun
 #[cfg(test)]
 mod tests {
     use super::{
-        Writes, budget_ms_per_tx, compare_report, nonce_gaps, offered_per_s, per_tx, percentile,
-        ratio, step_latencies,
+        Phase, Writes, budget_ms_per_tx, compare_report, nonce_gaps, offered_per_s, per_tx,
+        percentile, ratio, step_latencies,
     };
     use std::time::Duration;
 
