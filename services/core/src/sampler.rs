@@ -11,7 +11,7 @@
 //! Consumer lag is the high watermark minus the group's committed offset, per partition of the
 //! role's input topics, read with a consumer outside the group (it never joins it). On the local
 //! broker (tansu) it is wrong: tansu answers the high watermark as one past the last batch's base
-//! offset (ARCHITECTURE.md, "The broker"), so the lag it shows is too low, often 0. A negative
+//! offset (docs/operations.md, "The local broker"), so the lag it shows is too low, often 0. A negative
 //! difference is reported as 0.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -7,7 +7,7 @@
 //! PostgreSQL and re-announces its events with the same `event_id`s (the conformance suite's first
 //! check). What is not safe is a wrong plan: offsets committed past messages that were never
 //! processed lose them. So no answer of the broker is used unchecked. The broker here (tansu)
-//! answers some of these questions wrongly (ARCHITECTURE.md, "The broker": its high watermark is
+//! answers some of these questions wrongly (docs/operations.md, "The local broker": its high watermark is
 //! the last batch's base offset + 1, its timestamp lookup always the first offset), so every
 //! watermark and time lookup a plan depends on is checked against the partition's messages
 //! (read back by a consumer outside any group), and one the messages contradict, or that cannot be
