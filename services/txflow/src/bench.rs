@@ -16,6 +16,7 @@
 //! - `--scenario allocate`: one hot signer's nonce allocation through the allocator's handler
 //!   against PostgreSQL (`bench_alloc.rs`).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, ValueEnum};
@@ -412,6 +413,9 @@ struct PipelineRun {
     confirmed: Option<ConfirmedRun>,
     /// Topics on the broker before the run created its own (`None`: could not be read).
     broker_topics: Option<usize>,
+    /// JSON-RPC calls txflow made over `elapsed`, by method (every attempt on every endpoint:
+    /// `rpc_calls_total`).
+    rpc_calls: BTreeMap<String, f64>,
     head: u64,
     confirmations_required: u32,
     deadline: Duration,
@@ -464,6 +468,16 @@ impl PipelineRun {
             self.mined, self.duplicates, self.unmined
         );
         println!("nonce gaps {}", self.nonce_gaps);
+        let n = self.requests().max(1) as f64;
+        println!(
+            "rpc calls  {:.2} per request ({})",
+            self.rpc_calls.values().sum::<f64>() / n,
+            self.rpc_calls
+                .iter()
+                .map(|(m, c)| format!("{m} {:.2}", c / n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         if self.resigned > 0 {
             println!(
                 "re-signed  {} (a gas bump or a new nonce: the time below includes that wait)",
@@ -568,6 +582,17 @@ impl PipelineRun {
         let Some(fields) = report.as_object_mut() else {
             return report;
         };
+        let n = self.requests().max(1) as f64;
+        let rpc: serde_json::Map<String, serde_json::Value> = self
+            .rpc_calls
+            .iter()
+            .map(|(method, calls)| (method.clone(), (calls / n).into()))
+            .collect();
+        fields.insert("rpc_calls_per_request".into(), rpc.into());
+        fields.insert(
+            "rpc_calls_per_request_total".into(),
+            (self.rpc_calls.values().sum::<f64>() / n).into(),
+        );
         let steps: serde_json::Map<String, serde_json::Value> = STEPS
             .iter()
             .zip(&self.steps)
@@ -659,6 +684,16 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
             None
         }
     };
+    // The roles' metrics, in this process: the bench reads its RPC calls from them (a production
+    // process records them too, so its CPU includes that).
+    if !txflow_core::metrics::enabled()
+        && let Err(e) = txflow_core::metrics::init(&txflow_core::metrics::Setup {
+            default_service_name: "txflow-bench".into(),
+            ..Default::default()
+        })
+    {
+        eprintln!("bench: metrics not installed, RPC calls not counted: {e}");
+    }
     let p = LocalPipeline::start(config.clone(), signers).await?;
     let pool = txflow_core::db::connect(&config.database_url, 2).await?;
     // CONFIRMED as a downstream team books it: txflow-client's OutcomeReader on tx.outcomes.
@@ -737,6 +772,7 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
         &config.database_url,
     );
     let cpu_start = probe.sample();
+    let rpc_start = rpc_sample();
     let started = Instant::now();
     let sent = send_requests(&p, &requests, rate, started).await?;
     bar.set_message(format!(
@@ -756,6 +792,7 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
     .await?;
     let elapsed = started.elapsed();
     let cpu = cpu_start.until(&probe.sample());
+    let rpc_calls = rpc_delta(&rpc_start, &rpc_sample());
     bar.finish();
 
     // Finality: after the last transaction the chain must go on making blocks for the
@@ -851,10 +888,57 @@ async fn run_pipeline(config: &Config, args: &BenchArgs) -> anyhow::Result<Pipel
         writes,
         confirmed,
         broker_topics,
+        rpc_calls,
         head,
         confirmations_required: config.confirmations_required,
         deadline: Duration::from_secs(args.deadline_secs),
     })
+}
+
+/// `rpc_calls_total` of this process by method (every endpoint and result), from the Prometheus
+/// exposition; empty without metrics.
+fn rpc_sample() -> BTreeMap<String, f64> {
+    match txflow_core::metrics::encode_text() {
+        Some(Ok(text)) => rpc_calls(&text),
+        _ => BTreeMap::new(),
+    }
+}
+
+/// The `rpc_calls_total` samples of an exposition, summed by `method`.
+fn rpc_calls(text: &str) -> BTreeMap<String, f64> {
+    let mut by_method = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("rpc_calls_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once('}') else {
+            continue;
+        };
+        let method = labels
+            .split(',')
+            .find_map(|kv| kv.trim().strip_prefix("method=\""))
+            .and_then(|m| m.strip_suffix('"'));
+        let value = value
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok());
+        if let (Some(method), Some(value)) = (method, value) {
+            *by_method.entry(method.to_string()).or_default() += value;
+        }
+    }
+    by_method
+}
+
+/// The calls made between two samples, by method (methods with none left out).
+fn rpc_delta(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(m, a)| (m.clone(), a - before.get(m).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect()
 }
 
 /// How many topics the broker holds (its metadata for all topics).
@@ -1377,7 +1461,7 @@ async fn run_anvil(config: &Config, args: &BenchArgs) -> anyhow::Result<AnvilRun
 mod tests {
     use super::{
         Phase, Writes, budget_ms_per_tx, compare_report, nonce_gaps, offered_per_s, per_tx,
-        percentile, ratio, step_latencies,
+        percentile, ratio, rpc_calls, rpc_delta, step_latencies,
     };
     use std::time::Duration;
 
@@ -1500,6 +1584,28 @@ mod tests {
         let steps = step_latencies(&sent, &marks);
         assert_eq!(steps, vec![vec![10.0, 30.0], vec![10.0, 40.0]]);
         assert!(step_latencies(&sent, &[]).is_empty());
+    }
+
+    #[test]
+    fn rpc_calls_are_summed_by_method_over_endpoints_and_results() {
+        let text = "# HELP rpc_calls_total JSON-RPC calls\n\
+            # TYPE rpc_calls_total counter\n\
+            rpc_calls_total{endpoint=\"0\",method=\"eth_sendRawTransaction\",result=\"ok\",otel_scope_name=\"txflow\"} 10\n\
+            rpc_calls_total{endpoint=\"1\",method=\"eth_sendRawTransaction\",result=\"error\",otel_scope_name=\"txflow\"} 2\n\
+            rpc_calls_total{endpoint=\"0\",method=\"eth_blockNumber\",result=\"ok\"} 3\n\
+            rpc_duration_seconds_count{endpoint=\"0\",method=\"eth_blockNumber\"} 3\n";
+        let calls = rpc_calls(text);
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls["eth_sendRawTransaction"], 12.0);
+        assert_eq!(calls["eth_blockNumber"], 3.0);
+        let before = std::collections::BTreeMap::from([("eth_blockNumber".to_string(), 3.0)]);
+        let delta = rpc_delta(&before, &calls);
+        assert_eq!(
+            delta.len(),
+            1,
+            "a method with no new call is left out: {delta:?}"
+        );
+        assert_eq!(delta["eth_sendRawTransaction"], 12.0);
     }
 
     #[test]

@@ -645,6 +645,17 @@ async fn bench_compare_reports_the_pipeline_next_to_the_chain_alone() {
     );
     // What the broker held before the run: the shared test broker answers its metadata.
     assert!(r["broker_topics"].as_u64().is_some(), "{r}");
+    // RPC calls per request, from the roles' own `rpc_calls_total`: every request was sent at
+    // least once, and nothing is sent without asking the chain something else too.
+    let rpc = &r["rpc_calls_per_request"];
+    assert!(
+        number(rpc, "eth_sendRawTransaction") >= 1.0,
+        "every request sent: {r}"
+    );
+    assert!(
+        number(&r, "rpc_calls_per_request_total") > number(rpc, "eth_sendRawTransaction"),
+        "{r}"
+    );
     // The chain-alone phase went around txflow: PostgreSQL holds the 20 requests and the 2
     // warm-ups, each submitted, and nothing of the other 20 transactions.
     assert_eq!(submitted_and_rows(&db).await, (22, 22));
