@@ -784,6 +784,7 @@ async fn drive(
     let deadline = Instant::now() + Duration::from_secs(o.settle_secs);
     let mut last_republish = Instant::now();
     let mut last_read = (client.book().outcomes_read(), Instant::now());
+    let mut halted_since: Option<Instant> = None;
     loop {
         client.poll(Duration::from_millis(200)).await;
         convergence.look(s, &db, &w).await;
@@ -796,6 +797,30 @@ async fn drive(
             None => true,
             Some(t) => t.all_answered() && t.all_ended(&db).await.unwrap_or(false),
         };
+        // txflow halted transfers on a conservation alarm: they will not end on their own (an
+        // operator must look), so once the pipeline is done the run is judged.
+        let halted = match &load {
+            Some(_) if !transfers_ended => transfers::open_alarms(&db).await.unwrap_or(0) > 0,
+            _ => false,
+        };
+        match (halted, halted_since) {
+            (true, None) => halted_since = Some(Instant::now()),
+            (false, _) => halted_since = None,
+            (true, Some(_)) => {}
+        }
+        if halted_since.is_some_and(|t| t.elapsed() > QUIET)
+            && open.is_empty()
+            && terminal_in_db(&db).await.unwrap_or(false)
+        {
+            progress(
+                started,
+                format!(
+                    "txflow has halted transfers on a conservation alarm for {} s; judging",
+                    QUIET.as_secs()
+                ),
+            );
+            break;
+        }
         if transfers_ended && terminal_in_db(&db).await.unwrap_or(false) {
             if open.is_empty() {
                 break;

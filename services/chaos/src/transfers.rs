@@ -89,6 +89,15 @@ pub async fn restore_rules(db: &sqlx::PgPool) -> anyhow::Result<()> {
     Err(last.unwrap_or_else(|| anyhow::anyhow!("the asset's rules were not restored")))
 }
 
+/// txflow's open conservation alarms (while one is open, transfers are halted).
+pub async fn open_alarms(db: &sqlx::PgPool) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM transfer_conservation_violations WHERE resolved_at IS NULL",
+    )
+    .fetch_one(db)
+    .await?)
+}
+
 /// The users, their tokens and the transfers asked so far.
 pub struct TransferLoad {
     rng: Rng,
@@ -289,12 +298,9 @@ impl TransferLoad {
             });
         }
         adapter.close().await;
-        let alarms: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM transfer_conservation_violations WHERE resolved_at IS NULL",
-        )
-        .fetch_one(db)
-        .await
-        .context("count the open conservation violations")?;
+        let alarms = open_alarms(db)
+            .await
+            .context("count the open conservation violations")?;
         Ok(Finished {
             submitted,
             records,
