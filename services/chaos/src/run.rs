@@ -42,6 +42,9 @@ const RECOVERY_SCAN_MS: u64 = 5_000;
 /// With `asset_rules` and the ledger down: how long after the kill the rules change (past the
 /// coordinators' 1.5 s call timeout and a retry).
 const RULES_LEAD_MS: u64 = 2_500;
+/// After a broker kill: how long the killed role processes wait before they start again (the
+/// new broker starts meanwhile).
+const BROKER_RESTART_MS: u64 = 1_500;
 /// At or above this value a request waits for an approval.
 const APPROVAL_THRESHOLD: u64 = 1_000_000;
 
@@ -1165,14 +1168,18 @@ async fn apply(
                 .await?;
             broker_loss.at = Some(now);
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
-            s.broker.start().await?;
-            s.setup().await?;
             // The roles' idempotent producers do not recover from a broker that lost every
             // producer id (tansu answers UnknownProducerId for ever): the fleet is restarted,
-            // as after any broker disaster (docs/chaos.md, "What it found").
+            // as after any broker disaster (docs/chaos.md, "What it found"). The processes that
+            // lived through the outage die before the new broker starts: one that joined a
+            // group of the new broker and was then killed would stay that forming group's
+            // leader on tansu and wedge it for good (the spot ledger, alone in its group, never
+            // got a partition again in a soak). They come back once it answers.
             for x in &s.slots {
-                x.kill(200);
+                x.kill(BROKER_RESTART_MS);
             }
+            s.broker.start().await?;
+            s.setup().await?;
             client.reopen().await?;
         }
         Fault::PauseBroker { ms } => pause_broker(s, client, w, db, ms).await?,
