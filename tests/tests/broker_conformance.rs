@@ -1,8 +1,8 @@
 //! What the pipeline relies on from the Kafka-protocol broker, tested against the broker the
 //! harness runs (tansu, memory storage). Behaviours the broker gets wrong today are kept as
 //! characterization tests (`characterize_*`): they assert what the broker does now and name the
-//! correct behaviour, so CI stays green and a change in the broker is noticed. ARCHITECTURE.md
-//! ("The broker") records what the design may and may not rely on.
+//! correct behaviour, so CI stays green and a change in the broker is noticed. docs/operations.md
+//! ("The local broker") records what the design may and may not rely on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -279,7 +279,7 @@ async fn characterize_high_watermark_counts_batches_not_records() {
     assert_eq!(
         (low, high),
         (0, 1),
-        "tansu's high watermark changed (a correct broker answers (0, 10)); update ARCHITECTURE.md"
+        "tansu's high watermark changed (a correct broker answers (0, 10)); update docs/operations.md, \"The local broker\""
     );
 }
 
@@ -319,7 +319,7 @@ async fn characterize_offsets_for_times_always_answers_the_start() {
     assert_eq!(
         answers,
         vec![Offset::Offset(0); 4],
-        "tansu's timestamp lookup changed (correct: [0, 5, 5, End]); update ARCHITECTURE.md"
+        "tansu's timestamp lookup changed (correct: [0, 5, 5, End]); update docs/operations.md, \"The local broker\""
     );
 }
 
@@ -355,7 +355,7 @@ async fn characterize_aborted_transactions_are_visible_to_read_committed() {
     assert_eq!(
         got,
         ["before", "aborted", "after"],
-        "tansu's transactions changed (correct: the aborted record is invisible); update ARCHITECTURE.md"
+        "tansu's transactions changed (correct: the aborted record is invisible); update docs/operations.md, \"The local broker\""
     );
 }
 
@@ -382,7 +382,7 @@ async fn characterize_restart_loses_every_topic() {
     // Correct behaviour (a durable broker): the topic and its 5 messages survive a restart.
     assert!(
         t.error().is_some() || t.partitions().is_empty(),
-        "the memory broker kept {topic} across a restart: a durable broker would; update ARCHITECTURE.md"
+        "the memory broker kept {topic} across a restart: a durable broker would; update docs/operations.md, \"The local broker\""
     );
 }
 
@@ -428,7 +428,7 @@ async fn characterize_replication_factor_above_the_broker_count_is_accepted() {
     for r in &got {
         assert!(
             r.len() == 2 && r[0] == r[1],
-            "tansu's replica placement changed (correct: the creation is refused): {got:?}; update ARCHITECTURE.md"
+            "tansu's replica placement changed (correct: the creation is refused): {got:?}; update docs/operations.md, \"The local broker\""
         );
     }
 
