@@ -1147,6 +1147,11 @@ async fn apply(
             role,
             index,
             restart_ms,
+        }
+        | Fault::KillTransferRole {
+            role,
+            index,
+            restart_ms,
         } => {
             if let Some(x) = slot(role, index) {
                 x.kill(restart_ms);
@@ -1183,15 +1188,6 @@ async fn apply(
             client.reopen().await?;
         }
         Fault::PauseBroker { ms } => pause_broker(s, client, w, db, ms).await?,
-        Fault::KillTransferRole {
-            role,
-            index,
-            restart_ms,
-        } => {
-            if let Some(x) = slot(role, index) {
-                x.kill(restart_ms);
-            }
-        }
         Fault::PauseCoordinator { index, ms } => {
             if let Some(x) = slot("transfer-coordinator", index) {
                 x.pause(ms);
